@@ -1,0 +1,28 @@
+"""fedmcmc: Bayesian posterior sampling when the data is split across clients.
+
+>>> import fedmcmc as fm
+>>> result = fm.sample(model, fm.Federation(clients), algorithm=fm.FSGLD(...), init=params0,
+...                    num_samples=1000)
+"""
+
+from . import surrogates
+from .api import sample
+from .federation import Federation
+from .langevin import DSGLD, FSGLD, SGLD, schedules
+from .model import Model
+from .results import Result, SamplingDivergedError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Model",
+    "Federation",
+    "sample",
+    "Result",
+    "SamplingDivergedError",
+    "SGLD",
+    "DSGLD",
+    "FSGLD",
+    "schedules",
+    "surrogates",
+]

@@ -1,0 +1,64 @@
+"""The base of the public algorithm classes and the shared argument checks."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+__all__ = ["Algorithm", "check_positive_int", "check_positive_float", "check_nonnegative_int"]
+
+
+def check_positive_int(value: Any, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{argument} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_nonnegative_int(value: Any, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{argument} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def check_positive_float(value: Any, argument: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{argument} must be a positive number, got {value!r}") from None
+    if not (number > 0 and number < float("inf")):
+        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
+    return number
+
+
+def check_nonnegative_float(value: Any, argument: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{argument} must be a non-negative number, got {value!r}") from None
+    if not (number >= 0 and number < float("inf")):
+        raise ValueError(f"{argument} must be a non-negative finite number, got {value!r}")
+    return number
+
+
+class Algorithm:
+    """A sampling algorithm: hyper-parameters in the constructor, one ``sample`` method.
+
+    Subclasses implement :meth:`sample`, called by :func:`fedmcmc.sample` after
+    the arguments common to all algorithms have been checked.
+    """
+
+    name: str = "algorithm"
+    #: engines this algorithm can run on
+    engines: tuple = ("local",)
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def hyperparameters(self) -> dict:
+        """The constructor arguments, for reports and configs."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.hyperparameters().items())
+        return f"{type(self).__name__}({args})"

@@ -1,0 +1,409 @@
+"""Public classes of the stochastic-gradient Langevin family: ``SGLD``, ``DSGLD``, ``FSGLD``.
+
+They check their hyper-parameters, build the functional kernel of ``sgld.py``,
+``dsgld.py`` or ``fsgld.py`` and hand it to an engine. Step sizes follow the
+papers' convention: ``theta + (h/2) grad + N(0, h I)`` with ``h = step_size``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..algorithm import (
+    Algorithm,
+    check_nonnegative_float,
+    check_nonnegative_int,
+    check_positive_float,
+    check_positive_int,
+)
+from ..engines.local import run_chains
+from ..results import Result, SamplingDivergedError
+from .. import surrogates as surrogate_module
+from . import dsgld, fsgld, sgld
+from .schedules import as_schedule
+
+__all__ = ["SGLD", "DSGLD", "FSGLD"]
+
+
+def _check_step_size(step_size: Any) -> Any:
+    if callable(step_size):
+        return step_size
+    check_positive_float(step_size, "step_size")
+    return step_size
+
+
+def _check_batch_size(batch_size: int, federation, per_client: bool) -> int:
+    smallest = int(federation.sizes.min()) if per_client else int(federation.total_size)
+    if batch_size > smallest:
+        where = "the smallest client" if per_client else "the data"
+        raise ValueError(
+            f"batch_size={batch_size} is larger than {where} ({smallest} examples)"
+        )
+    return batch_size
+
+
+class _LangevinAlgorithm(Algorithm):
+    """Shared run loop: ``thin`` kernel updates per draw, vmapped over chains."""
+
+    divergence_threshold: float = 1e10
+
+    def _run(
+        self,
+        *,
+        step: Callable,
+        initial_state,
+        flat_model,
+        federation,
+        num_samples,
+        burn_in,
+        thin,
+        chains,
+        seed,
+        progress,
+        label,
+        info: dict,
+        client_aware: bool,
+    ) -> Result:
+        def draw_step(key, state):
+            keys = jax.random.split(key, thin)
+            state, _ = jax.lax.scan(lambda s, k: (step(k, s), None), state, keys)
+            stats = {}
+            if client_aware:
+                stats = {"client": state.client, "round": state.rounds}
+            return state, state.position, stats
+
+        states = jax.tree_util.tree_map(
+            lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape), initial_state
+        )
+        run = run_chains(
+            draw_step,
+            states,
+            jax.random.key(seed),
+            burn_in=burn_in,
+            num_samples=num_samples,
+            position=lambda s: s.position,
+            divergence_threshold=self.divergence_threshold,
+            progress=progress,
+            label=label,
+            iterations_per_draw=thin,
+        )
+        final = run.state
+        iterations = run.draws_done * thin
+        info = dict(info)
+        info.update(
+            algorithm=self.name,
+            chains=chains,
+            iterations=iterations,
+            draws_kept=int(run.draws.shape[1]),
+            wall_time=run.wall_time,
+            interrupted=run.interrupted,
+            dim=flat_model.dim,
+        )
+        if client_aware:
+            rounds = np.asarray(final.rounds)
+            visits = np.asarray(final.visits).sum(axis=0)
+            info["rounds"] = int(rounds.max())
+            info["rounds_per_chain"] = rounds.tolist()
+            info["visits_per_client"] = visits.tolist()
+            # Every round hands the chain (d floats) to a client and back, with the
+            # draws taken during the visit; surrogates travel once (FSGLD).
+            handoff_messages = int(2 * rounds.sum())
+            info["messages"] = handoff_messages + info.get("surrogate_messages", 0)
+            info["floats_communicated"] = int(
+                handoff_messages * flat_model.dim
+                + run.draws_done * chains * flat_model.dim
+                + info.get("surrogate_floats", 0)
+            )
+        else:
+            info["rounds"] = 0
+            info["messages"] = 0
+            info["floats_communicated"] = 0
+        samples = flat_model.unravel_draws(jnp.asarray(run.draws))
+        stats = {k: np.asarray(v) for k, v in run.stats.items()}
+        result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
+        if run.diverged.any():
+            details = []
+            for chain in np.nonzero(run.diverged)[0]:
+                where = {
+                    "chain": int(chain),
+                    "iteration": int((run.first_bad_draw[chain] + 1) * thin),
+                }
+                if client_aware:
+                    where["client"] = int(run.bad_stats["client"][chain])
+                    where["round"] = int(run.bad_stats["round"][chain])
+                details.append(where)
+            text = "; ".join(
+                ", ".join(f"{k} {v}" for k, v in d.items()) for d in details
+            )
+            info["diverged_chains"] = [d["chain"] for d in details]
+            raise SamplingDivergedError(
+                f"{self.name}: {len(details)} chain(s) diverged (non-finite or |theta| > "
+                f"{self.divergence_threshold:g}): {text}. The draws made before are in "
+                "error.result; lower step_size"
+                + (", or keep FSGLD's alpha_warmup on" if self.name == "FSGLD" else ""),
+                result,
+                info["diverged_chains"],
+                details,
+            )
+        return result
+
+
+class SGLD(_LangevinAlgorithm):
+    """Stochastic-gradient Langevin dynamics on the pooled data (centralised baseline).
+
+    FSGLD equations (1)-(2): ``theta <- theta + (h/2) v(theta) + N(0, h I)`` with
+    ``v = grad log p(theta) + (N/m) grad log p(x^(m)|theta)``. (BlackJAX's
+    ``sgld`` step size is h/2.)
+
+    Parameters
+    ----------
+    step_size:
+        h > 0, or a schedule ``t -> h_t`` such as
+        ``fm.schedules.polynomial(a, b, gamma)``.
+    batch_size:
+        Minibatch size m, drawn uniformly with replacement from all N examples.
+    """
+
+    name = "SGLD"
+
+    def __init__(self, step_size, batch_size: int, *, noise: bool = True):
+        self.step_size = _check_step_size(step_size)
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.noise = bool(noise)
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):
+        if options:
+            raise ValueError(f"unknown options for SGLD: {sorted(options)}")
+        _check_batch_size(self.batch_size, federation, per_client=False)
+        flat_model = model.flatten(init)
+        data = federation.concatenated()
+        step = sgld.build_kernel(
+            flat_model, data, self.batch_size, as_schedule(self.step_size), self.noise
+        )
+        return self._run(
+            step=step,
+            initial_state=sgld.init(flat_model.ravel(init)),
+            flat_model=flat_model,
+            federation=federation,
+            num_samples=num_samples,
+            burn_in=burn_in,
+            thin=thin,
+            chains=chains,
+            seed=seed,
+            progress=progress,
+            label="SGLD",
+            info={"step_size": _describe(self.step_size), "batch_size": self.batch_size},
+            client_aware=False,
+        )
+
+
+def _describe(step_size):
+    return step_size if not callable(step_size) else getattr(step_size, "__name__", "schedule")
+
+
+class DSGLD(_LangevinAlgorithm):
+    """Distributed SGLD (FSGLD equations (3)-(4)): a chain handed between clients.
+
+    Each round the scheduler draws client s with probability f_s (the
+    federation's ``weights``); the chain takes ``local_steps`` updates there
+    with the estimator ``grad log p(theta) + N_s/(f_s m) grad log p(x_s^(m)|theta)``,
+    then moves on. Every chain has its own client sequence.
+
+    Parameters
+    ----------
+    step_size:
+        h > 0 (paper convention) or a schedule.
+    batch_size:
+        Minibatch size m within a client (at most the smallest client's size).
+    local_steps:
+        Updates per visit before the chain is handed on.
+    """
+
+    name = "DSGLD"
+
+    def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True):
+        self.step_size = _check_step_size(step_size)
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.local_steps = check_positive_int(local_steps, "local_steps")
+        self.noise = bool(noise)
+
+    def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
+        return dsgld.build_kernel(
+            flat_model, data, weights, self.batch_size, self.local_steps,
+            as_schedule(self.step_size), self.noise,
+        )
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):
+        if options:
+            raise ValueError(f"unknown options for {self.name}: {sorted(options)}")
+        _check_batch_size(self.batch_size, federation, per_client=True)
+        flat_model = model.flatten(init)
+        data = federation.concatenated()
+        weights = jnp.asarray(federation.weights, dtype=jnp.float32)
+        theta0 = flat_model.ravel(init)
+        info = {
+            "step_size": _describe(self.step_size),
+            "batch_size": self.batch_size,
+            "local_steps": self.local_steps,
+            "num_clients": federation.num_clients,
+        }
+        key_surrogate = jax.random.fold_in(jax.random.key(seed), 2**20)
+        step = self._kernel(flat_model, federation, data, weights, key_surrogate, theta0, info)
+        return self._run(
+            step=step,
+            initial_state=dsgld.init(theta0, federation.num_clients),
+            flat_model=flat_model,
+            federation=federation,
+            num_samples=num_samples,
+            burn_in=burn_in,
+            thin=thin,
+            chains=chains,
+            seed=seed,
+            progress=progress,
+            label=self.name,
+            info=info,
+            client_aware=True,
+        )
+
+
+class FSGLD(DSGLD):
+    """Federated SGLD (CG-DSGLD): DSGLD plus conducive gradients (FSGLD eq. (5)-(7), Algorithm 1).
+
+    Every client fits a Gaussian surrogate q_s of its likelihood on its own
+    data and sends it once; during a visit to client s the estimator adds
+    ``alpha * (grad log q(theta) - (1/f_s) grad log q_s(theta))``, which keeps
+    it unbiased and removes the drift towards the client's local posterior
+    that makes DSGLD sample a mixture when ``local_steps`` is large.
+
+    Parameters
+    ----------
+    step_size, batch_size, local_steps:
+        As for :class:`DSGLD`.
+    surrogate:
+        ``"laplace"`` (default), ``"exact"`` (likelihoods Gaussian in theta),
+        ``"sgld"`` (the paper's recipe), or precomputed natural parameters
+        ``(precision, shift)`` of shapes ``(S, d[, d])`` and ``(S, d)``.
+    alpha:
+        Exploration constant of Remark 1 (equation (7)); 1 is the paper's method.
+    alpha_warmup:
+        Iterations over which alpha ramps from 0 to ``alpha`` at the start of
+        the run (see ``fsgld.py``: conducive gradients can repel a chain that
+        starts far from the surrogates' modes). ``None`` (default) ramps over
+        the first half of burn-in, measured in iterations; 0 switches the
+        safeguard off. A ramp longer than burn-in is a ``ValueError``: it
+        would change the target of kept draws.
+    diagonal:
+        Diagonal surrogate precisions; ``None`` chooses diagonal above 500
+        parameters.
+    surrogate_draws, surrogate_burn_in, surrogate_step_size:
+        The ``"sgld"`` surrogate's K draws (3000 in the paper), burn-in and
+        step size (default: ``step_size``).
+    """
+
+    name = "FSGLD"
+
+    def __init__(
+        self,
+        step_size,
+        batch_size: int,
+        local_steps: int,
+        *,
+        surrogate: Any = "laplace",
+        alpha: float = 1.0,
+        alpha_warmup: Optional[int] = None,
+        diagonal: Optional[bool] = None,
+        surrogate_draws: int = 3000,
+        surrogate_burn_in: int = 1000,
+        surrogate_step_size: Optional[float] = None,
+        noise: bool = True,
+    ):
+        super().__init__(step_size, batch_size, local_steps, noise=noise)
+        if isinstance(surrogate, str):
+            if surrogate not in ("exact", "laplace", "sgld"):
+                raise ValueError(
+                    f"surrogate must be 'exact', 'laplace', 'sgld' or (precision, shift), got {surrogate!r}"
+                )
+        elif not (isinstance(surrogate, tuple) and len(surrogate) == 2):
+            raise ValueError("surrogate must be a name or a (precision, shift) pair")
+        self.surrogate = surrogate
+        self.alpha = check_nonnegative_float(alpha, "alpha")
+        if alpha_warmup is not None:
+            alpha_warmup = check_nonnegative_int(alpha_warmup, "alpha_warmup")
+        self.alpha_warmup = alpha_warmup
+        self.diagonal = diagonal
+        self.surrogate_draws = check_positive_int(surrogate_draws, "surrogate_draws")
+        self.surrogate_burn_in = check_nonnegative_int(surrogate_burn_in, "surrogate_burn_in")
+        if surrogate_step_size is not None:
+            check_positive_float(surrogate_step_size, "surrogate_step_size")
+        self.surrogate_step_size = surrogate_step_size
+
+    def fit_surrogates(self, model, federation, init, seed: int = 0):
+        """The clients' surrogates (what each client sends once), as natural parameters."""
+        flat_model = model.flatten(init)
+        key = jax.random.fold_in(jax.random.key(seed), 2**20)
+        return self._fit(flat_model, federation, flat_model.ravel(init), key)
+
+    def _fit(self, flat_model, federation, theta0, key):
+        if not isinstance(self.surrogate, str):
+            return surrogate_module.as_surrogates(
+                self.surrogate, flat_model.dim, federation.num_clients
+            )
+        step = self.surrogate_step_size
+        if step is None:
+            step = self.step_size if not callable(self.step_size) else float(self.step_size(0))
+        return surrogate_module.fit_surrogates(
+            self.surrogate,
+            flat_model,
+            federation,
+            theta0,
+            key,
+            diagonal=self.diagonal,
+            step_size=step,
+            batch_size=self.batch_size,
+            draws=self.surrogate_draws,
+            burn_in=self.surrogate_burn_in,
+        )
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):
+        self._burn_in_iterations = burn_in * thin
+        if self.alpha_warmup is not None and self.alpha_warmup > burn_in * thin:
+            raise ValueError(
+                f"alpha_warmup={self.alpha_warmup} iterations is longer than burn-in "
+                f"({burn_in} draws x thin {thin} = {burn_in * thin} iterations): kept draws "
+                "would not target the posterior"
+            )
+        return super().sample(
+            model, federation, init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
+            chains=chains, seed=seed, engine=engine, progress=progress, **options,
+        )
+
+    def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
+        started = time.perf_counter()
+        surrogates = self._fit(flat_model, federation, theta0, key)
+        global_surrogate = surrogate_module.product(surrogates)
+        warmup = self.alpha_warmup
+        if warmup is None:
+            warmup = self._burn_in_iterations // 2
+        info.update(
+            surrogate=self.surrogate if isinstance(self.surrogate, str) else "given",
+            surrogate_diagonal=surrogates.diagonal,
+            surrogate_fit_time=time.perf_counter() - started,
+            alpha=self.alpha,
+            alpha_warmup=warmup,
+            # each client sends (P_s, b_s) once; the server sends q back to each client
+            surrogate_messages=2 * federation.num_clients,
+            surrogate_floats=2 * federation.num_clients * surrogates.floats_per_client,
+        )
+        return fsgld.build_kernel(
+            flat_model, data, weights, self.batch_size, self.local_steps,
+            as_schedule(self.step_size), surrogates, global_surrogate,
+            fsgld.alpha_schedule(self.alpha, warmup), self.noise,
+        )

@@ -1,0 +1,61 @@
+"""Step-size schedules h_t for the Langevin samplers (paper convention, see ``sgld.py``).
+
+A schedule is a function of the iteration counter t (a traced integer) that
+returns the step size h_t; a plain float is the constant schedule.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Union
+
+import jax.numpy as jnp
+
+__all__ = ["constant", "polynomial", "piecewise_constant", "as_schedule", "StepSize"]
+
+StepSize = Union[float, Callable]
+
+
+def constant(step_size: float) -> Callable:
+    """h_t = step_size."""
+    if not step_size > 0:
+        raise ValueError(f"step_size must be positive, got {step_size}")
+    return lambda t: jnp.asarray(step_size, dtype=jnp.float32) + 0.0 * t
+
+
+def polynomial(a: float, b: float = 1.0, gamma: float = 0.55) -> Callable:
+    """h_t = a (b + t)^(-gamma), the decay of Welling & Teh (2011).
+
+    ``gamma`` in (0.5, 1] satisfies sum h_t = inf and sum h_t^2 < inf
+    (FSGLD section 2).
+    """
+    if not a > 0:
+        raise ValueError(f"a must be positive, got {a}")
+    if not b > 0:
+        raise ValueError(f"b must be positive, got {b}")
+    if not 0 < gamma <= 1:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    return lambda t: a * (b + t) ** (-gamma)
+
+
+def piecewise_constant(boundaries, values) -> Callable:
+    """h_t = values[k] for boundaries[k-1] <= t < boundaries[k] (e.g. the x0.1 reductions of GT-DULA)."""
+    boundaries = jnp.asarray(boundaries)
+    values = jnp.asarray(values, dtype=jnp.float32)
+    if values.shape[0] != boundaries.shape[0] + 1:
+        raise ValueError("values must have one more entry than boundaries")
+    if not bool(jnp.all(values > 0)):
+        raise ValueError("values (step sizes) must be positive")
+    return lambda t: values[jnp.searchsorted(boundaries, t, side="right")]
+
+
+def as_schedule(step_size: StepSize, argument: str = "step_size") -> Callable:
+    """A schedule from a float (constant) or a callable; ``ValueError`` naming ``argument`` otherwise."""
+    if callable(step_size):
+        return step_size
+    try:
+        value = float(step_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{argument} must be a positive number or a schedule, got {step_size!r}")
+    if not (value > 0 and jnp.isfinite(value)):
+        raise ValueError(f"{argument} must be a positive finite number, got {step_size!r}")
+    return constant(value)

@@ -1,0 +1,117 @@
+"""The object every sampler returns, and the error a diverging chain raises."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional
+
+import jax
+import numpy as np
+
+PyTree = Any
+
+__all__ = ["Result", "SamplingDivergedError"]
+
+
+def _flatten_names(tree: PyTree) -> Dict[str, np.ndarray]:
+    """Name every leaf of a pytree by its key path (``w``, ``layer_0.bias``, ``x[1]``)."""
+    named = {}
+    leaves_with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for path, leaf in leaves_with_paths:
+        if not path:
+            name = "theta"
+        else:
+            parts = []
+            for key in path:
+                if isinstance(key, jax.tree_util.DictKey):
+                    parts.append(str(key.key))
+                elif isinstance(key, jax.tree_util.GetAttrKey):
+                    parts.append(str(key.name))
+                elif isinstance(key, jax.tree_util.SequenceKey):
+                    parts.append(f"p{key.idx}")
+                else:
+                    parts.append(str(key).strip(".[]'\""))
+            name = ".".join(parts)
+        named[name] = np.asarray(leaf)
+    return named
+
+
+@dataclasses.dataclass
+class Result:
+    """Draws and run figures of one sampling run.
+
+    Attributes
+    ----------
+    samples:
+        Pytree with the structure of ``init``; each leaf has shape
+        ``(chains, num_samples, *leaf_shape)``.
+    info:
+        Per-run figures: iterations, rounds, events, visits per client,
+        messages and floats communicated, wall time, ...
+    sample_stats:
+        Optional per-draw arrays of shape ``(chains, num_samples)`` (for
+        example the client a chain was on when the draw was taken).
+    algorithm:
+        Name of the algorithm that produced the draws.
+    """
+
+    samples: PyTree
+    info: Dict[str, Any]
+    sample_stats: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    algorithm: str = ""
+
+    @property
+    def num_chains(self) -> int:
+        return int(jax.tree_util.tree_leaves(self.samples)[0].shape[0])
+
+    @property
+    def num_samples(self) -> int:
+        return int(jax.tree_util.tree_leaves(self.samples)[0].shape[1])
+
+    def flat_samples(self) -> np.ndarray:
+        """Draws as one array of shape ``(chains, num_samples, dim)``."""
+        leaves = jax.tree_util.tree_leaves(self.samples)
+        chains, draws = leaves[0].shape[:2]
+        return np.concatenate(
+            [np.asarray(leaf).reshape(chains, draws, -1) for leaf in leaves], axis=-1
+        )
+
+    def to_arviz(self):
+        """ArviZ ``InferenceData`` with a posterior group (one variable per pytree leaf)
+        and a sample_stats group; run figures go to the attributes."""
+        import arviz as az
+
+        posterior = _flatten_names(self.samples)
+        stats = {k: np.asarray(v) for k, v in self.sample_stats.items()}
+        attrs = {"algorithm": self.algorithm}
+        for key, value in self.info.items():
+            if isinstance(value, (int, float, str, bool, np.integer, np.floating)):
+                attrs[key] = value.item() if hasattr(value, "item") else value
+        return az.from_dict(
+            posterior=posterior,
+            sample_stats=stats or None,
+            attrs=attrs,
+        )
+
+    def summary(self) -> str:
+        """A short text summary: mean and sd of every scalar coordinate."""
+        flat = self.flat_samples().reshape(-1, self.flat_samples().shape[-1])
+        lines = [f"{self.algorithm}: {self.num_chains} chains x {self.num_samples} draws"]
+        for i in range(min(flat.shape[1], 20)):
+            lines.append(f"  theta[{i}]: mean {flat[:, i].mean():+.4f}  sd {flat[:, i].std():.4f}")
+        return "\n".join(lines)
+
+
+class SamplingDivergedError(RuntimeError):
+    """A chain produced a non-finite or exploding state.
+
+    ``result`` holds every draw made before the divergence (the diverged
+    chain's later draws are NaN); ``chains`` lists the diverged chains and
+    ``details`` says where each diverged (iteration, round, client ...).
+    """
+
+    def __init__(self, message: str, result: Optional[Result], chains, details) -> None:
+        super().__init__(message)
+        self.result = result
+        self.chains = list(chains)
+        self.details = details

@@ -1,0 +1,342 @@
+"""Gaussian surrogates q_s of each client's likelihood p(x_s | theta) (FSGLD section 3.1).
+
+Each client fits its surrogate on its own data only and sends it to the server
+once, as Gaussian *natural parameters*::
+
+    log q_s(theta) = -1/2 theta^T P_s theta + b_s^T theta + const,
+    grad log q_s(theta) = b_s - P_s theta,
+
+with precision ``P_s`` (full ``(d, d)`` or diagonal ``(d,)``) and linear term
+``b_s = P_s mu_s``. Natural parameters need no inversion, so a singular client
+likelihood (fewer examples than parameters, a flat direction) is represented
+exactly. The global surrogate q = prod_s q_s has precision sum_s P_s and linear
+term sum_s b_s: it is precomputed once, so grad log q costs one matrix-vector
+product whatever the number of clients (``../shared/papers/README.md``).
+
+Three fitting methods, all run vmapped over clients in one compiled call:
+
+``"exact"``
+    For likelihoods that are Gaussian in theta (Gaussian mean, linear
+    regression): the log likelihood is quadratic, so its second-order Taylor
+    expansion at any point is exact. Checked: if the Hessian differs between
+    two points, a ``ValueError`` says to use ``"laplace"``.
+``"laplace"``
+    Second-order Taylor expansion of log p(x_s | theta) at the client's mode
+    (found with optax L-BFGS on log p(x_s | theta) + (1/S) log p(theta); the
+    prior share keeps the optimisation well posed when the client likelihood
+    alone has no mode, e.g. separable logistic data). The Hessian is projected
+    onto the positive semi-definite cone; diagonal for large parameter counts.
+``"sgld"``
+    The paper's recipe: SGLD on the client's local target, then a Gaussian fit
+    (mean and covariance) of ``K`` draws (default 3000); the prior share's
+    curvature is removed from the fitted precision.
+
+Any surrogate keeps the FSGLD estimator unbiased (Lemma 1); the fit only
+changes its variance.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .federation import Federation
+from .model import FlatModel
+
+__all__ = [
+    "GaussianSurrogates",
+    "ProductSurrogate",
+    "fit_surrogates",
+    "product",
+    "grad_log_surrogate",
+]
+
+
+class GaussianSurrogates(NamedTuple):
+    """Per-client natural parameters: ``precision`` (S, d, d) or (S, d); ``shift`` (S, d)."""
+
+    precision: jax.Array
+    shift: jax.Array
+
+    @property
+    def diagonal(self) -> bool:
+        return self.precision.ndim == 2
+
+    @property
+    def floats_per_client(self) -> int:
+        return int(np.prod(self.precision.shape[1:]) + self.shift.shape[1])
+
+    def means(self) -> jax.Array:
+        """Surrogate means P_s^+ b_s (pseudo-inverse where P_s is singular)."""
+        if self.diagonal:
+            return jnp.where(self.precision > 0, self.shift / jnp.where(self.precision > 0, self.precision, 1.0), 0.0)
+        return jax.vmap(lambda p, b: jnp.linalg.pinv(p, hermitian=True) @ b)(self.precision, self.shift)
+
+
+class ProductSurrogate(NamedTuple):
+    """The global surrogate q = prod_s q_s in natural parameters."""
+
+    precision: jax.Array  # (d, d) or (d,)
+    shift: jax.Array  # (d,)
+
+
+def product(surrogates: GaussianSurrogates) -> ProductSurrogate:
+    """q = prod_s q_s: precisions and linear terms add."""
+    return ProductSurrogate(
+        precision=jnp.sum(surrogates.precision, axis=0), shift=jnp.sum(surrogates.shift, axis=0)
+    )
+
+
+def grad_log_surrogate(precision: jax.Array, shift: jax.Array, theta: jax.Array) -> jax.Array:
+    """grad log N(theta) in natural parameters: b - P theta (P full or diagonal)."""
+    if precision.ndim == 1:
+        return shift - precision * theta
+    return shift - precision @ theta
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _project_psd(matrix: jax.Array, floor: float = 0.0) -> jax.Array:
+    """Symmetrise and clip eigenvalues below ``floor`` (non-convex likelihoods)."""
+    matrix = 0.5 * (matrix + matrix.T)
+    values, vectors = jnp.linalg.eigh(matrix)
+    return (vectors * jnp.maximum(values, floor)) @ vectors.T
+
+
+def _client_objective(flat_model: FlatModel, num_clients: int):
+    def objective(theta, data, mask):
+        return -(
+            flat_model.log_likelihood_sum(theta, data, mask)
+            + flat_model.log_prior(theta) / num_clients
+        )
+
+    return objective
+
+
+def _find_modes(flat_model, padded, theta0, num_clients, iterations):
+    """Per-client mode of log p(x_s|theta) + (1/S) log p(theta) by optax L-BFGS."""
+    import optax
+
+    objective = _client_objective(flat_model, num_clients)
+
+    def one_client(data, mask):
+        fun = lambda theta: objective(theta, data, mask)  # noqa: E731
+        optimizer = optax.lbfgs()
+        value_and_grad = optax.value_and_grad_from_state(fun)
+
+        def body(carry, _):
+            theta, state = carry
+            value, grad = value_and_grad(theta, state=state)
+            updates, state = optimizer.update(
+                grad, state, theta, value=value, grad=grad, value_fn=fun
+            )
+            theta = optax.apply_updates(theta, updates)
+            return (theta, state), None
+
+        (theta, _), _ = jax.lax.scan(body, (theta0, optimizer.init(theta0)), None, length=iterations)
+        return theta
+
+    return jax.jit(jax.vmap(one_client))(padded.data, padded.mask)
+
+
+def _hessian_of_likelihood(flat_model, theta, data, mask, diagonal):
+    fun = lambda t: flat_model.log_likelihood_sum(t, data, mask)  # noqa: E731
+    if not diagonal:
+        return jax.hessian(fun)(theta)
+    grad = jax.grad(fun)
+
+    def hvp_diag(index):
+        basis = jnp.zeros_like(theta).at[index].set(1.0)
+        return jax.jvp(grad, (theta,), (basis,))[1][index]
+
+    return jax.lax.map(hvp_diag, jnp.arange(theta.shape[0]))
+
+
+def _taylor_surrogate(flat_model, anchors, padded, diagonal, floor=0.0):
+    """Natural parameters of the 2nd-order expansion of log p(x_s|theta) at ``anchors``."""
+
+    def one_client(theta, data, mask):
+        grad = flat_model.grad_log_likelihood_sum(theta, data, mask)
+        hessian = _hessian_of_likelihood(flat_model, theta, data, mask, diagonal)
+        if diagonal:
+            precision = jnp.maximum(-hessian, floor)
+            shift = grad + precision * theta
+        else:
+            precision = _project_psd(-hessian, floor)
+            shift = grad + precision @ theta
+        return precision, shift
+
+    precision, shift = jax.jit(jax.vmap(one_client))(anchors, padded.data, padded.mask)
+    return GaussianSurrogates(precision=precision, shift=shift)
+
+
+def _resolve_diagonal(diagonal: Optional[bool], dim: int) -> bool:
+    if diagonal is None:
+        return dim > 500
+    return bool(diagonal)
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def fit_exact(flat_model: FlatModel, federation: Federation, theta0: jax.Array, diagonal=None):
+    """Closed-form surrogates for likelihoods quadratic in theta (exact Gaussian factors)."""
+    diagonal = _resolve_diagonal(diagonal, flat_model.dim)
+    padded = federation.padded()
+    num_clients = federation.num_clients
+    anchors = jnp.broadcast_to(theta0, (num_clients, flat_model.dim))
+    surrogates = _taylor_surrogate(flat_model, anchors, padded, diagonal=False)
+    # Quadratic check: the Hessian must be the same at a second, distant point.
+    probe = anchors + 1.0 + jnp.abs(anchors)
+    second = _taylor_surrogate(flat_model, probe, padded, diagonal=False)
+    scale = jnp.max(jnp.abs(surrogates.precision)) + 1e-12
+    if not bool(
+        jnp.allclose(surrogates.precision, second.precision, atol=1e-5 * scale, rtol=1e-4)
+    ) or not bool(jnp.allclose(surrogates.shift, second.shift, atol=1e-4 * (jnp.max(jnp.abs(surrogates.shift)) + scale), rtol=1e-3)):
+        raise ValueError(
+            "surrogate='exact' needs a likelihood that is Gaussian in the parameters "
+            "(quadratic log likelihood, e.g. a Gaussian mean or linear regression); this "
+            "model's Hessian changes with theta. Use surrogate='laplace' or 'sgld'."
+        )
+    if diagonal:
+        surrogates = GaussianSurrogates(
+            precision=jnp.diagonal(surrogates.precision, axis1=1, axis2=2),
+            shift=surrogates.shift,
+        )
+    return surrogates
+
+
+def fit_laplace(
+    flat_model: FlatModel,
+    federation: Federation,
+    theta0: jax.Array,
+    diagonal=None,
+    iterations: int = 200,
+):
+    """Laplace surrogates: Taylor expansion of each client's log likelihood at its mode."""
+    diagonal = _resolve_diagonal(diagonal, flat_model.dim)
+    padded = federation.padded()
+    modes = _find_modes(flat_model, padded, theta0, federation.num_clients, iterations)
+    if not bool(jnp.all(jnp.isfinite(modes))):
+        bad = np.nonzero(~np.asarray(jnp.all(jnp.isfinite(modes), axis=1)))[0].tolist()
+        raise ValueError(
+            f"surrogate='laplace': the mode search diverged on clients {bad}; "
+            "use surrogate='sgld' or a better-conditioned model"
+        )
+    return _taylor_surrogate(flat_model, modes, padded, diagonal)
+
+
+def fit_sgld(
+    flat_model: FlatModel,
+    federation: Federation,
+    theta0: jax.Array,
+    key: jax.Array,
+    step_size: float,
+    batch_size: int,
+    draws: int = 3000,
+    burn_in: int = 1000,
+    diagonal=None,
+    iterations: int = 200,
+):
+    """The paper's surrogates: SGLD on each client's local target, Gaussian fit of ``draws`` draws.
+
+    Each client runs SGLD (paper convention: theta + h/2 v + N(0, h)) on
+    log p(x_s|theta) + (1/S) log p(theta), started at its mode, and fits the
+    mean and covariance of its draws; the prior share's curvature at the mean
+    is subtracted from the fitted precision so that q_s approximates the
+    likelihood factor alone.
+    """
+    diagonal = _resolve_diagonal(diagonal, flat_model.dim)
+    padded = federation.padded()
+    num_clients = federation.num_clients
+    modes = _find_modes(flat_model, padded, theta0, num_clients, iterations)
+    sizes = padded.sizes
+    max_size = padded.mask.shape[1]
+
+    def one_client(client_key, start, data, mask, size):
+        def grad_estimate(theta, key):
+            u = jax.random.uniform(key, (batch_size,))
+            idx = jnp.minimum((u * size).astype(jnp.int32), size - 1)
+            idx = jnp.where(batch_size >= size, jnp.arange(batch_size) % max_size, idx)
+            batch = jax.tree_util.tree_map(lambda leaf: leaf[idx], data)
+            scale = size / batch_size
+            return flat_model.grad_log_prior(theta) / num_clients + scale * (
+                flat_model.grad_log_likelihood_sum(theta, batch)
+            )
+
+        def step(theta, key):
+            key_batch, key_noise = jax.random.split(key)
+            noise = jax.random.normal(key_noise, theta.shape, theta.dtype)
+            theta = theta + 0.5 * step_size * grad_estimate(theta, key_batch) + jnp.sqrt(step_size) * noise
+            return theta, theta
+
+        keys = jax.random.split(client_key, burn_in + draws)
+        _, samples = jax.lax.scan(step, start, keys)
+        samples = samples[burn_in:]
+        mean = jnp.mean(samples, axis=0)
+        prior_curvature = -jax.hessian(flat_model.log_prior)(mean) / num_clients
+        if diagonal:
+            variance = jnp.var(samples, axis=0) + 1e-12
+            precision = jnp.maximum(1.0 / variance - jnp.diagonal(prior_curvature), 0.0)
+            return precision, precision * mean
+        covariance = jnp.cov(samples.T).reshape(mean.shape[0], mean.shape[0])
+        covariance = covariance + 1e-10 * jnp.eye(mean.shape[0]) * jnp.trace(covariance)
+        precision = _project_psd(jnp.linalg.inv(covariance) - prior_curvature)
+        return precision, precision @ mean
+
+    keys = jax.random.split(key, num_clients)
+    precision, shift = jax.jit(jax.vmap(one_client))(keys, modes, padded.data, padded.mask, sizes)
+    if not bool(jnp.all(jnp.isfinite(precision))):
+        raise ValueError(
+            "surrogate='sgld': the local SGLD run diverged; lower surrogate_step_size"
+        )
+    return GaussianSurrogates(precision=precision, shift=shift)
+
+
+def fit_surrogates(
+    kind: str,
+    flat_model: FlatModel,
+    federation: Federation,
+    theta0: jax.Array,
+    key: Optional[jax.Array] = None,
+    *,
+    diagonal: Optional[bool] = None,
+    step_size: Optional[float] = None,
+    batch_size: Optional[int] = None,
+    draws: int = 3000,
+    burn_in: int = 1000,
+    iterations: int = 200,
+) -> GaussianSurrogates:
+    """Fit one Gaussian surrogate per client by ``kind`` in {"exact", "laplace", "sgld"}."""
+    if kind == "exact":
+        return fit_exact(flat_model, federation, theta0, diagonal)
+    if kind == "laplace":
+        return fit_laplace(flat_model, federation, theta0, diagonal, iterations)
+    if kind == "sgld":
+        if key is None or step_size is None or batch_size is None:
+            raise ValueError("surrogate='sgld' needs key, step_size and batch_size")
+        return fit_sgld(
+            flat_model, federation, theta0, key, step_size, batch_size, draws, burn_in,
+            diagonal, iterations,
+        )
+    raise ValueError(f"surrogate must be one of 'exact', 'laplace', 'sgld', got {kind!r}")
+
+
+def as_surrogates(value: Any, dim: int, num_clients: int) -> GaussianSurrogates:
+    """Validate user-supplied surrogates (a GaussianSurrogates or a (precision, shift) pair)."""
+    precision, shift = value
+    precision = jnp.asarray(precision)
+    shift = jnp.asarray(shift)
+    if shift.shape != (num_clients, dim) or precision.shape not in (
+        (num_clients, dim),
+        (num_clients, dim, dim),
+    ):
+        raise ValueError(
+            f"surrogate: expected precision of shape ({num_clients}, {dim}[, {dim}]) and shift "
+            f"({num_clients}, {dim}), got {precision.shape} and {shift.shape}"
+        )
+    return GaussianSurrogates(precision=precision, shift=shift)
