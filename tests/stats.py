@@ -1,0 +1,57 @@
+"""Helpers for statistical tests: ESS-based tolerances for means and variances."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def ess_per_coordinate(draws: np.ndarray) -> np.ndarray:
+    """Bulk ESS (ArviZ) of each coordinate of draws shaped (chains, draws, dim)."""
+    import arviz as az
+
+    draws = np.asarray(draws, dtype=np.float64)
+    return np.array(
+        [float(az.ess(draws[:, :, i], method="bulk")) for i in range(draws.shape[-1])]
+    )
+
+
+def mean_z_scores(draws: np.ndarray, true_mean: np.ndarray, true_var: np.ndarray) -> np.ndarray:
+    """(sample mean - true mean) / (true sd / sqrt(ESS)): ~N(0, 1) for a correct sampler."""
+    draws = np.asarray(draws, dtype=np.float64)
+    ess = ess_per_coordinate(draws)
+    mean = draws.reshape(-1, draws.shape[-1]).mean(axis=0)
+    return (mean - true_mean) / np.sqrt(np.asarray(true_var) / ess)
+
+
+def variance_ratio_bounds(ess: np.ndarray, z: float = 4.0):
+    """Bounds for sample var / true var at ~z sd for a Gaussian coordinate: var of s^2/sigma^2 is ~2/ESS."""
+    half_width = z * np.sqrt(2.0 / ess)
+    return 1.0 - half_width, 1.0 + half_width
+
+
+def check_gaussian_moments(draws, true_mean, true_cov, z: float = 4.0, extra_var_rtol: float = 0.0):
+    """Assert mean and marginal variances agree with a Gaussian target within ESS tolerances.
+
+    Returns a dict of the figures for messages. ``extra_var_rtol`` widens the
+    variance band for the known O(h) discretisation bias of unadjusted samplers.
+    """
+    draws = np.asarray(draws, dtype=np.float64)
+    true_mean = np.asarray(true_mean, dtype=np.float64)
+    true_var = np.diag(np.atleast_2d(true_cov)).astype(np.float64)
+    ess = ess_per_coordinate(draws)
+    flat = draws.reshape(-1, draws.shape[-1])
+    mean = flat.mean(axis=0)
+    var = flat.var(axis=0)
+    z_mean = (mean - true_mean) / np.sqrt(true_var / ess)
+    low, high = variance_ratio_bounds(ess, z)
+    ratio = var / true_var
+    ok_mean = bool(np.all(np.abs(z_mean) < z))
+    ok_var = bool(np.all((ratio > low - extra_var_rtol) & (ratio < high + extra_var_rtol)))
+    return {
+        "ok": ok_mean and ok_var,
+        "ok_mean": ok_mean,
+        "ok_var": ok_var,
+        "z_mean": z_mean,
+        "var_ratio": ratio,
+        "ess": ess,
+    }
