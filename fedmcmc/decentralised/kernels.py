@@ -1,0 +1,213 @@
+"""DULA and GT-DULA as functional kernels (Bhar, Bai, George, Busart 2025).
+
+One kernel state holds EVERY agent of one chain: positions ``w`` of shape
+``(n, d)`` (agent ``i`` is row ``i``), and for GT-DULA the gradient trackers
+``d`` and the last local gradient estimates ``g_hat``. A step updates all
+agents at once (``vmap`` over agents for the gradients, one mixing product
+for the consensus terms); the engine ``vmap``s it again over chains.
+
+Conventions (see ``papers/README.md``): ``step_size`` alpha is the paper's;
+the drift is ``alpha * n * d_i`` (GT-DULA) or ``alpha * n * grad E_i`` (DULA)
+and the noise ``sqrt(2 alpha n) v_i``, so that the network average follows a
+ULA step of size alpha on the global target. Local energies split the prior
+(equation (1)): ``grad E_i(w) = -grad log p(X_i | w) - (1/n) grad log p(w)``.
+
+Equations:
+
+* DULA (3):    w_{k+1} = W_beta w_k - alpha n g_hat(w_k) + sqrt(2 alpha n) v_k
+* GT-DULA (7): w_{k+1} = W_beta w_k - alpha n d_k + sqrt(2 alpha n) v_k
+* GT-DULA (8): d_{k+1} = W_gamma d_k + g_hat_{k+1} - g_hat_k,  d_0 = g_hat_0  (eq. (6))
+
+with ``W_x = I - x L`` and the local estimate (section 3)
+``g_hat_i = -(1/f_i) grad log p(X_hat_i | w_i) - (1/n) grad log p(w_i)``,
+``f_i = m_i / M_i``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from ..federation import PaddedData
+from ..model import FlatModel
+
+__all__ = [
+    "DULAState",
+    "GTDULAState",
+    "local_gradient_fn",
+    "full_gradient_fn",
+    "dula_init",
+    "dula_kernel",
+    "gtdula_init",
+    "gtdula_kernel",
+    "consensus_error",
+    "tracking_error",
+]
+
+# (key, positions (n, d), iteration) -> local gradient estimates (n, d)
+LocalGradient = Callable[[jax.Array, jax.Array], jax.Array]
+# (positions (n, d), coefficient) -> positions - coefficient * (L positions)
+Mixer = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+class DULAState(NamedTuple):
+    position: jax.Array  # (n, d) agents' samples w_{i,k}
+    iteration: jax.Array  # int32 k
+
+
+class GTDULAState(NamedTuple):
+    position: jax.Array  # (n, d) agents' samples w_{i,k}
+    tracker: jax.Array  # (n, d) gradient trackers d_{i,k}
+    gradient: jax.Array  # (n, d) last local gradient estimates g_hat_{i,k}
+    iteration: jax.Array  # int32 k
+
+
+# ------------------------------------------------------------------ gradients
+def full_gradient_fn(flat_model: FlatModel, padded: PaddedData) -> Callable:
+    """``positions (n, d) -> (grad E_i(w_i))_i``: exact local gradients on each agent's full data.
+
+    grad E_i(w) = -grad log p(X_i | w) - (1/n) grad log p(w) (section 2), on the
+    padded layout (padded rows have weight 0).
+    """
+    n = padded.mask.shape[0]
+
+    def one(theta, data, mask):
+        return -flat_model.grad_log_likelihood_sum(theta, data, mask) - (
+            flat_model.grad_log_prior(theta) / n
+        )
+
+    def gradients(positions):
+        return jax.vmap(one)(positions, padded.data, padded.mask)
+
+    return gradients
+
+
+def local_gradient_fn(
+    flat_model: FlatModel, padded: PaddedData, batch_size: Optional[int] = None
+) -> LocalGradient:
+    """The local gradient estimates g_hat_i of all agents, ``(key, positions) -> (n, d)``.
+
+    ``batch_size=None``: full-batch, g_hat_i = grad E_i(w_i) exactly (``key`` unused).
+    Otherwise each agent draws m rows uniformly with replacement from its M_i
+    rows and uses ``-(M_i / m) grad log p(X_hat_i | w_i) - (1/n) grad log p(w_i)``,
+    the 1/f_i-scaled estimator of section 3 (unbiased for grad E_i).
+    An agent whose data has exactly m rows uses all of them.
+    """
+    if batch_size is None:
+        full = full_gradient_fn(flat_model, padded)
+        return lambda key, positions: full(positions)
+    n = padded.mask.shape[0]
+    m = int(batch_size)
+
+    def one(key, theta, data, size):
+        u = jax.random.uniform(key, (m,))
+        sampled = jnp.minimum((u * size).astype(jnp.int32), size - 1)
+        rows = jnp.where(m >= size, jnp.arange(m, dtype=jnp.int32), sampled)
+        batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], data)
+        scale = size.astype(theta.dtype) / m
+        return -scale * flat_model.grad_log_likelihood_sum(theta, batch) - (
+            flat_model.grad_log_prior(theta) / n
+        )
+
+    def gradients(key, positions):
+        keys = jax.random.split(key, n)
+        return jax.vmap(one)(keys, positions, padded.data, padded.sizes)
+
+    return gradients
+
+
+def _noise(key, positions, alpha, n):
+    return jnp.sqrt(2.0 * alpha * n) * jax.random.normal(key, positions.shape, positions.dtype)
+
+
+# ----------------------------------------------------------------------- DULA
+def dula_init(positions: jax.Array) -> DULAState:
+    return DULAState(position=positions, iteration=jnp.zeros((), jnp.int32))
+
+
+def dula_kernel(
+    local_gradient: LocalGradient,
+    mix: Mixer,
+    beta: float,
+    schedule: Callable,
+    n: int,
+    noise: bool = True,
+):
+    """One DULA iteration, equation (3), for all agents:
+    ``w_i <- w_i - beta sum_{j in N_i} (w_i - w_j) - alpha n g_hat_i(w_i) + sqrt(2 alpha n) v_i``.
+    """
+
+    def step(key: jax.Array, state: DULAState) -> DULAState:
+        key_grad, key_noise = jax.random.split(key)
+        w = state.position
+        alpha = schedule(state.iteration).astype(w.dtype)
+        g = local_gradient(key_grad, w)
+        new = mix(w, beta) - alpha * n * g
+        if noise:
+            new = new + _noise(key_noise, w, alpha, n)
+        return DULAState(position=new, iteration=state.iteration + 1)
+
+    return step
+
+
+# -------------------------------------------------------------------- GT-DULA
+def gtdula_init(key: jax.Array, positions: jax.Array, local_gradient: LocalGradient) -> GTDULAState:
+    """d_{i,0} = g_hat_{i,0} (section 3, before equation (6))."""
+    g = local_gradient(key, positions)
+    return GTDULAState(
+        position=positions, tracker=g, gradient=g, iteration=jnp.zeros((), jnp.int32)
+    )
+
+
+def gtdula_kernel(
+    local_gradient: LocalGradient,
+    mix: Mixer,
+    beta: float,
+    gamma: float,
+    schedule: Callable,
+    n: int,
+    noise: bool = True,
+):
+    """One GT-DULA iteration, equations (7)-(8) with (6), for all agents:
+
+    ``w_{k+1} = W_beta w_k - alpha n d_k + sqrt(2 alpha n) v_k``;
+    ``d_{k+1} = W_gamma d_k + g_hat(w_{k+1}) - g_hat(w_k)``.
+
+    Because 1^T L = 0, the mean of the trackers equals the mean of the current
+    local estimates at every step (the tracking invariant).
+    """
+
+    def step(key: jax.Array, state: GTDULAState) -> GTDULAState:
+        key_grad, key_noise = jax.random.split(key)
+        w, d = state.position, state.tracker
+        alpha = schedule(state.iteration).astype(w.dtype)
+        new_w = mix(w, beta) - alpha * n * d
+        if noise:
+            new_w = new_w + _noise(key_noise, w, alpha, n)
+        new_g = local_gradient(key_grad, new_w)
+        new_d = mix(d, gamma) + (new_g - state.gradient)
+        return GTDULAState(
+            position=new_w, tracker=new_d, gradient=new_g, iteration=state.iteration + 1
+        )
+
+    return step
+
+
+# ---------------------------------------------------------------- diagnostics
+def consensus_error(positions: jax.Array) -> jax.Array:
+    """(1/n) sum_i ||w_i - w_bar||^2 (section 4.1, equation (12), per agent)."""
+    centred = positions - jnp.mean(positions, axis=0, keepdims=True)
+    return jnp.sum(centred**2) / positions.shape[0]
+
+
+def tracking_error(trackers: jax.Array, positions: jax.Array, full_gradient: Callable) -> jax.Array:
+    """||d - 1 (x) u_bar|| with u_bar = (1/n) sum_i grad E_i(w_bar) (section 4.3).
+
+    ``full_gradient(positions) -> (grad E_i(w_i))_i`` (exact local gradients);
+    it is evaluated with every agent at w_bar.
+    """
+    w_bar = jnp.mean(positions, axis=0)
+    u_bar = jnp.mean(full_gradient(jnp.broadcast_to(w_bar, positions.shape)), axis=0)
+    return jnp.sqrt(jnp.sum((trackers - u_bar[None, :]) ** 2))
