@@ -7,6 +7,7 @@
 
 from . import surrogates
 from .api import sample
+from .decentralised import DULA, GTDULA
 from .federation import Federation
 from .langevin import DSGLD, FSGLD, SGLD, schedules
 from .model import Model
@@ -23,6 +24,8 @@ __all__ = [
     "SGLD",
     "DSGLD",
     "FSGLD",
+    "DULA",
+    "GTDULA",
     "schedules",
     "surrogates",
 ]
