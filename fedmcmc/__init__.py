@@ -5,12 +5,13 @@
 ...                    num_samples=1000)
 """
 
-from . import surrogates
+from . import diagnostics, surrogates
 from .api import sample
 from .decentralised import DULA, GTDULA
 from .federation import Federation
 from .langevin import DSGLD, FSGLD, SGLD, schedules
 from .model import Model
+from .reference import reference_posterior
 from .results import Result, SamplingDivergedError
 
 __version__ = "0.1.0"
@@ -28,4 +29,6 @@ __all__ = [
     "GTDULA",
     "schedules",
     "surrogates",
+    "diagnostics",
+    "reference_posterior",
 ]
