@@ -88,6 +88,7 @@ def run_chains(
     iterations_per_draw: int = 1,
     start_draw: int = 0,
     on_chunk: Optional[Callable[[PyTree, int], None]] = None,
+    on_draws: Optional[Callable[[np.ndarray, Dict[str, np.ndarray], int], None]] = None,
 ) -> ChainRun:
     """Run ``burn_in + num_samples`` draws of ``draw_step`` on every chain.
 
@@ -108,6 +109,10 @@ def run_chains(
         ``burn_in`` are discarded.
     on_chunk:
         Called with ``(states, draws_done)`` after every chunk (checkpoints).
+    on_draws:
+        Called after every chunk, before ``on_chunk``, with the chunk's KEPT
+        draws ``(chains, k, dim)``, their stats ``{name: (chains, k)}`` and the
+        global index of the first of them (checkpoints keep the draws so far).
     """
     total = burn_in + num_samples
     chunk_size = chunk_size or default_chunk_size(total)
@@ -170,6 +175,12 @@ def run_chains(
             if keep_from < n:
                 kept_draws.append(draws[keep_from:])
                 kept_stats.append({k: v[keep_from:] for k, v in stats.items()})
+                if on_draws is not None:
+                    on_draws(
+                        draws[keep_from:].transpose(1, 0, 2),
+                        {k: v[keep_from:].T for k, v in stats.items()},
+                        done + keep_from,
+                    )
             states = new_states
             done += n
             if on_chunk is not None:

@@ -21,6 +21,7 @@ from ..algorithm import (
     check_positive_float,
     check_positive_int,
 )
+from ..checkpoint import restore_states, split_run_options
 from ..engines.local import run_chains
 from ..results import Result, SamplingDivergedError
 from .. import surrogates as surrogate_module
@@ -51,6 +52,9 @@ class _LangevinAlgorithm(Algorithm):
     """Shared run loop: ``thin`` kernel updates per draw, vmapped over chains."""
 
     divergence_threshold: float = 1e10
+    #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
+    #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)
+    supports_resume: bool = True
 
     def _run(
         self,
@@ -68,6 +72,7 @@ class _LangevinAlgorithm(Algorithm):
         label,
         info: dict,
         client_aware: bool,
+        run_options: Optional[dict] = None,
     ) -> Result:
         def draw_step(key, state):
             keys = jax.random.split(key, thin)
@@ -80,6 +85,11 @@ class _LangevinAlgorithm(Algorithm):
         states = jax.tree_util.tree_map(
             lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape), initial_state
         )
+        run_options = dict(run_options or {})
+        start_draw = run_options.pop("start_draw", 0)
+        resume_state = run_options.pop("resume_state", None)
+        if resume_state is not None:
+            states = restore_states(states, resume_state)
         run = run_chains(
             draw_step,
             states,
@@ -91,6 +101,8 @@ class _LangevinAlgorithm(Algorithm):
             progress=progress,
             label=label,
             iterations_per_draw=thin,
+            start_draw=start_draw,
+            **run_options,
         )
         final = run.state
         iterations = run.draws_done * thin
@@ -104,6 +116,8 @@ class _LangevinAlgorithm(Algorithm):
             interrupted=run.interrupted,
             dim=flat_model.dim,
         )
+        if start_draw:
+            info["start_draw"] = int(start_draw)
         if client_aware:
             rounds = np.asarray(final.rounds)
             visits = np.asarray(final.visits).sum(axis=0)
@@ -178,8 +192,7 @@ class SGLD(_LangevinAlgorithm):
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
-        if options:
-            raise ValueError(f"unknown options for SGLD: {sorted(options)}")
+        run_options = split_run_options(options, "SGLD")
         _check_batch_size(self.batch_size, federation, per_client=False)
         flat_model = model.flatten(init)
         data = federation.concatenated()
@@ -200,6 +213,7 @@ class SGLD(_LangevinAlgorithm):
             label="SGLD",
             info={"step_size": _describe(self.step_size), "batch_size": self.batch_size},
             client_aware=False,
+            run_options=run_options,
         )
 
 
@@ -241,8 +255,7 @@ class DSGLD(_LangevinAlgorithm):
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
-        if options:
-            raise ValueError(f"unknown options for {self.name}: {sorted(options)}")
+        run_options = split_run_options(options, self.name)
         _check_batch_size(self.batch_size, federation, per_client=True)
         flat_model = model.flatten(init)
         data = federation.concatenated()
@@ -270,6 +283,7 @@ class DSGLD(_LangevinAlgorithm):
             label=self.name,
             info=info,
             client_aware=True,
+            run_options=run_options,
         )
 
 
