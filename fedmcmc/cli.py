@@ -1,0 +1,155 @@
+"""The ``fedmcmc`` command line.
+
+    fedmcmc run CONFIG.yaml --out DIR [--resume] [--quiet]
+    fedmcmc reproduce --list
+    fedmcmc reproduce NAME --out DIR [--quick]
+
+Errors in the user's input (config, data file, model name) print one message
+and exit with status 1, without a traceback; Ctrl-C exits with status 130
+after saving the draws made so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+__all__ = ["main", "build_parser"]
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedmcmc",
+        description="Federated Bayesian posterior sampling: run configured experiments and "
+        "reproduce the papers' results.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    run = commands.add_parser(
+        "run",
+        help="run one configured experiment (several algorithms on one federation)",
+        description="Run every algorithm of CONFIG on the same federation; write draws (ArviZ "
+        "NetCDF), run info, the resolved config, report.md/report.html and plots into DIR.",
+    )
+    run.add_argument("config", metavar="CONFIG.yaml", help="experiment config (YAML)")
+    run.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    run.add_argument("--resume", action="store_true",
+                     help="continue an interrupted run in DIR from its checkpoints")
+    run.add_argument("--quiet", action="store_true", help="no progress bars or messages")
+
+    reproduce = commands.add_parser(
+        "reproduce",
+        help="list or run the paper reproductions",
+        description="Reproduce a figure or table of the papers; writes DIR/README.md with our "
+        "result beside the paper's.",
+    )
+    reproduce.add_argument("name", nargs="?", metavar="NAME", help="reproduction to run")
+    reproduce.add_argument("--list", action="store_true", help="list reproductions, one per line")
+    reproduce.add_argument("--out", metavar="DIR", help="output directory")
+    reproduce.add_argument("--quick", action="store_true", help="the small, fast size")
+    return parser
+
+
+def _error(message: str) -> int:
+    print(f"fedmcmc: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _enable_compilation_cache() -> None:
+    """Persist XLA compilations under the user's cache dir, so repeated runs start fast.
+
+    Left alone when the user configured JAX's cache (JAX_COMPILATION_CACHE_DIR).
+    """
+    import os
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    try:
+        import jax
+
+        from .reference import cache_dir
+
+        if jax.config.jax_compilation_cache_dir:
+            return
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    except Exception:  # noqa: BLE001 - the cache is an optimisation only
+        pass
+
+
+def _run(args) -> int:
+    from .config import ConfigError
+    from .runner import run_experiment
+
+    _enable_compilation_cache()
+
+    try:
+        outcome = run_experiment(args.config, args.out, resume=args.resume, quiet=args.quiet)
+    except ConfigError as error:
+        return _error(str(error))
+    except KeyboardInterrupt:
+        print("fedmcmc: interrupted before sampling finished; checkpoints written so far are kept "
+              "(continue with --resume)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if outcome.interrupted:
+        print(f"fedmcmc: interrupted; draws so far and a partial report are in {outcome.out_dir}; "
+              "continue with: fedmcmc run CONFIG --out DIR --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _reproduce(args, parser) -> int:
+    from . import reproduce
+
+    if args.list:
+        entries = reproduce.available()
+        for entry in entries:
+            print(f"{entry.name}\t{entry.description}")
+        for module, error in reproduce.import_errors().items():
+            print(f"fedmcmc: warning: reproduction module {module!r} failed to import: {error}",
+                  file=sys.stderr)
+        if not entries:
+            print("no reproductions are registered yet (they are added in fedmcmc/reproduce/)",
+                  file=sys.stderr)
+        return 0
+    if not args.name:
+        return _error("reproduce needs NAME (or --list to see the names)")
+    if not args.out:
+        return _error("reproduce needs --out DIR")
+    try:
+        reproduce.get(args.name)
+    except KeyError as error:
+        return _error(str(error.args[0]))
+    try:
+        readme = reproduce.run(args.name, Path(args.out), quick=args.quick)
+    except KeyboardInterrupt:
+        print("fedmcmc: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"wrote {readme}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from . import __version__
+
+        print(f"fedmcmc {__version__}")
+        return 0
+    if args.command == "run":
+        return _run(args)
+    if args.command == "reproduce":
+        return _reproduce(args, parser)
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,665 @@
+"""Experiment configs for ``fedmcmc run CONFIG.yaml``: schema, validation and resolution.
+
+A config declares one federation and the algorithms to compare on it::
+
+    name: linreg-demo
+    model:
+      name: linear_regression        # built-in / model-zoo name, or "package.module:function"
+      params: {dim: 3}
+    data:
+      generate: {num_examples: 600, seed: 0}   # or  path: data.npz  (.npz, .npy or .csv)
+    partition:
+      method: iid                    # any function of fedmcmc.partition (iid, dirichlet, ...)
+      num_clients: 4
+    algorithms:
+      - name: FSGLD                  # a class on the fedmcmc namespace
+        params: {step_size: 1.0e-3, batch_size: 10, local_steps: 20}
+      - name: DSGLD
+        params: {step_size: 1.0e-3, batch_size: 10, local_steps: 20}
+    num_samples: 1000
+    burn_in: 200
+    thin: 2
+    chains: 2
+    seed: 0
+    engine: local
+
+:func:`load_config` validates the YAML (unknown or mistyped fields are errors
+naming the field, e.g. ``algorithms.1.params.step_size``) and
+:func:`build_experiment` resolves it: the model, the data, the federation, the
+initial parameters and the algorithm instances. Every failure is a
+:class:`ConfigError` whose message names the field.
+
+Models are resolved, in order, as
+
+1. an import path ``"package.module:function"``: ``function(**params)``
+   (receiving ``data=`` too when ``data.path`` is given and it takes a
+   ``data`` argument) returns a :class:`~fedmcmc.Model`, ``(model, data)`` or
+   ``(model, data, init)``, where data is a pytree or a ``Federation``;
+2. a name in the model zoo ``fedmcmc.models`` (its ``get(name)`` or a
+   ``REGISTRY``/``registry`` mapping, or a builder function of that name),
+   called the same way;
+3. a built-in of this module (:data:`BUILTIN_MODELS`: ``gaussian_mean``,
+   ``linear_regression``), which also generates data.
+
+Data come from ``data.path`` (relative to the config file), from the model
+factory, or from the built-in generator of the model's name (``data.generate``).
+Algorithms are looked up by name on the ``fedmcmc`` namespace at run time, so
+new algorithm classes work without editing this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ConfigError",
+    "ExperimentConfig",
+    "Experiment",
+    "load_config",
+    "parse_config",
+    "build_experiment",
+    "resolve_algorithm_class",
+    "BUILTIN_MODELS",
+]
+
+
+class ConfigError(ValueError):
+    """An invalid config or one that cannot be resolved; the message names the field."""
+
+
+# ------------------------------------------------------------------- schema
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Strict):
+    name: str = Field(min_length=1, description="built-in / zoo name or 'package.module:function'")
+    params: Dict[str, Any] = Field(default_factory=dict)
+
+
+class DataSection(_Strict):
+    path: Optional[str] = Field(default=None, description=".npz, .npy or .csv file")
+    columns: Optional[Dict[str, Union[str, List[str]]]] = Field(
+        default=None, description="CSV only: leaf name -> column name or list of column names"
+    )
+    generate: Dict[str, Any] = Field(
+        default_factory=dict, description="arguments of the built-in data generator"
+    )
+    dtype: Literal["float32", "float64"] = "float32"
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.path is not None and self.generate:
+            raise ValueError("give either path or generate, not both")
+        if self.columns is not None and self.path is None:
+            raise ValueError("columns needs path (a .csv file)")
+        return self
+
+
+class PartitionSection(_Strict):
+    method: str = Field(default="iid", min_length=1,
+                        description="a function of fedmcmc.partition: iid, by_label, dirichlet, ...")
+    num_clients: Optional[int] = Field(default=4, ge=1)
+    seed: int = 0
+    weights: Optional[Union[Literal["uniform"], List[float]]] = None
+    options: Dict[str, Any] = Field(default_factory=dict,
+                                     description="extra keyword arguments of the partition function")
+
+
+class AlgorithmSection(_Strict):
+    name: str = Field(min_length=1, description="class name on the fedmcmc namespace, e.g. FSGLD")
+    label: Optional[str] = Field(default=None, description="unique label in reports (default: name)")
+    params: Dict[str, Any] = Field(default_factory=dict)
+    thin: Optional[int] = Field(default=None, ge=1, description="overrides the top-level thin")
+    options: Dict[str, Any] = Field(default_factory=dict,
+                                    description="extra run options passed to fm.sample")
+
+    @field_validator("label")
+    @classmethod
+    def _label_chars(cls, value):
+        if value is not None and not all(c.isalnum() or c in "-_." for c in value):
+            raise ValueError("label may contain letters, digits, '-', '_' and '.' only")
+        return value
+
+
+class ReferenceSection(_Strict):
+    method: Literal["auto", "exact", "nuts", "none"] = "auto"
+    num_samples: int = Field(default=2000, ge=1)
+    num_warmup: int = Field(default=1000, ge=1)
+    chains: int = Field(default=2, ge=1)
+    seed: int = 0
+    cache: bool = True
+
+
+class CheckpointSection(_Strict):
+    every_chunks: int = Field(default=5, ge=0, description="chunks between checkpoints (0: never)")
+    chunk_size: Optional[int] = Field(default=None, ge=1, description="draws per compiled chunk")
+
+
+class ReportSection(_Strict):
+    max_points: int = Field(default=1000, ge=10, description="subsample size for joint W1 and MMD")
+    curve_points: int = Field(default=12, ge=2, description="points on the error curves")
+    trace_coordinates: int = Field(default=4, ge=1)
+
+
+class ExperimentConfig(_Strict):
+    name: str = "experiment"
+    model: ModelSection
+    data: DataSection = Field(default_factory=DataSection)
+    partition: PartitionSection = Field(default_factory=PartitionSection)
+    init: Optional[Any] = Field(default=None, description="initial parameters (default: the model's)")
+    algorithms: List[AlgorithmSection] = Field(min_length=1)
+    num_samples: int = Field(ge=1)
+    burn_in: int = Field(default=0, ge=0)
+    thin: int = Field(default=1, ge=1)
+    chains: int = Field(default=1, ge=1)
+    seed: int = 0
+    engine: str = "local"
+    reference: ReferenceSection = Field(default_factory=ReferenceSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    report: ReportSection = Field(default_factory=ReportSection)
+
+    @model_validator(mode="after")
+    def _unique_labels(self):
+        seen = {}
+        for index, algorithm in enumerate(self.algorithms):
+            label = algorithm.label or algorithm.name
+            if label in seen:
+                raise ValueError(
+                    f"algorithms.{index}.label: {label!r} is used by algorithms.{seen[label]} "
+                    "too; give each run a unique label"
+                )
+            seen[label] = index
+        return self
+
+    def labels(self) -> List[str]:
+        return [a.label or a.name for a in self.algorithms]
+
+
+def _format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        lines.append(f"  {field}: {message}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_config(raw: Any, base_dir: Optional[Path] = None) -> ExperimentConfig:
+    """Validate a config mapping; ``ConfigError`` names every bad field."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"invalid config: expected a mapping of fields at the top level, got {type(raw).__name__}"
+        )
+    try:
+        config = ExperimentConfig.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error)) from None
+    config._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()  # type: ignore[attr-defined]
+    return config
+
+
+def load_config(path: Union[str, Path]) -> ExperimentConfig:
+    """Read and validate a YAML config file."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    return parse_config(raw, base_dir=path.resolve().parent)
+
+
+# ----------------------------------------------------------- built-in models
+
+
+def _gaussian_mean_model(dim: int = 2, prior_mean: float = 0.0, prior_cov: float = 1.0,
+                         noise_cov: float = 1.0):
+    """x_i ~ N(mu, noise_cov I), mu ~ N(prior_mean, prior_cov I); parameters: mu (dim,).
+
+    Same parameters and data layout (an (N, dim) array) as the model zoo's
+    ``gaussian_mean`` with scalar covariances.
+    """
+    import jax.numpy as jnp
+
+    from .model import Model
+
+    dim = int(dim)
+    prior_cov, noise_cov = float(prior_cov), float(noise_cov)
+    if not (dim >= 1 and prior_cov > 0 and noise_cov > 0):
+        raise ValueError("dim, prior_cov and noise_cov must be positive")
+
+    def log_prior(mu):
+        return -0.5 * jnp.sum((mu - prior_mean) ** 2) / prior_cov
+
+    def log_likelihood(mu, x):
+        return -0.5 * jnp.sum((x - mu) ** 2) / noise_cov
+
+    return Model(log_prior, log_likelihood, name="gaussian_mean",
+                 init=lambda key=None: jnp.zeros((dim,), jnp.float32))
+
+
+def _gaussian_mean_data(model_params: dict, num_examples: int = 1000, seed: int = 0,
+                        true_mean: Any = None):
+    """An (N, dim) array of N(true_mean, noise_cov I) rows (true_mean default 1, -1, 1, ...)."""
+    dim = int(model_params.get("dim", 2))
+    noise = float(np.sqrt(float(model_params.get("noise_cov", 1.0))))
+    if true_mean is None:
+        true_mean = np.where(np.arange(dim) % 2 == 0, 1.0, -1.0)
+    true_mean = np.broadcast_to(np.asarray(true_mean, dtype=np.float64), (dim,))
+    rng = np.random.default_rng(seed)
+    return true_mean + noise * rng.standard_normal((int(num_examples), dim))
+
+
+def _linear_regression_model(dim: int = 3, prior_precision: float = 1.0, noise_std: float = 1.0,
+                             prior_mean: float = 0.0):
+    """y_i ~ N(beta^T x_i, noise_std^2), beta ~ N(prior_mean, prior_precision^-1 I).
+
+    Example ``{"x": (dim,), "y": ()}``, as in the model zoo's ``linear_regression``.
+    """
+    import jax.numpy as jnp
+
+    from .model import Model
+
+    dim = int(dim)
+    prior_precision, noise_std = float(prior_precision), float(noise_std)
+    if not (dim >= 1 and prior_precision > 0 and noise_std > 0):
+        raise ValueError("dim, prior_precision and noise_std must be positive")
+
+    def log_prior(beta):
+        return -0.5 * prior_precision * jnp.sum((beta - prior_mean) ** 2)
+
+    def log_likelihood(beta, example):
+        return -0.5 * (example["y"] - example["x"] @ beta) ** 2 / noise_std**2
+
+    return Model(log_prior, log_likelihood, name="linear_regression",
+                 init=lambda key=None: jnp.zeros((dim,), jnp.float32))
+
+
+def _linear_regression_data(model_params: dict, num_examples: int = 1000, seed: int = 0,
+                            true_beta: Any = None):
+    """{"x": (N, dim) standard normal, "y": x beta + N(0, noise_std^2)}."""
+    dim = int(model_params.get("dim", 3))
+    noise = float(model_params.get("noise_std", 1.0))
+    rng = np.random.default_rng(seed)
+    if true_beta is None:
+        true_beta = np.linspace(-1.0, 1.0, dim)
+    true_beta = np.broadcast_to(np.asarray(true_beta, dtype=np.float64), (dim,))
+    x = rng.standard_normal((int(num_examples), dim))
+    y = x @ true_beta + noise * rng.standard_normal(int(num_examples))
+    return {"x": x, "y": y}
+
+
+#: name -> (model builder(**model.params), data generator(model_params, **data.generate))
+BUILTIN_MODELS = {
+    "gaussian_mean": (_gaussian_mean_model, _gaussian_mean_data),
+    "linear_regression": (_linear_regression_model, _linear_regression_data),
+}
+
+
+# ---------------------------------------------------------------- resolution
+
+
+class Experiment:
+    """A resolved config: model, federation, init and algorithm instances."""
+
+    def __init__(self, config, model, federation, init, algorithms, model_source, data_source):
+        self.config = config
+        self.model = model
+        self.federation = federation
+        self.init = init
+        self.algorithms = algorithms  # list of (label, AlgorithmSection, instance)
+        self.model_source = model_source
+        self.data_source = data_source
+
+    def resolved(self) -> dict:
+        """The config with every default filled in, plus what the names resolved to (JSON)."""
+        out = self.config.model_dump(mode="json")
+        out["resolved"] = {
+            "model_source": self.model_source,
+            "data_source": self.data_source,
+            "num_clients": int(self.federation.num_clients),
+            "client_sizes": [int(s) for s in self.federation.sizes],
+            "client_weights": [float(w) for w in self.federation.weights],
+            "dim": int(np.asarray(_ravel(self.init)).shape[0]),
+            "algorithms": {label: repr(instance) for label, _, instance in self.algorithms},
+        }
+        return out
+
+    def run_hash(self, label: str) -> str:
+        """Hash of everything that determines the draws of the run ``label``."""
+        config = self.config
+        section = next(a for a in config.algorithms if (a.label or a.name) == label)
+        payload = {
+            "model": config.model.model_dump(mode="json"),
+            "data": config.data.model_dump(mode="json"),
+            "partition": config.partition.model_dump(mode="json"),
+            "init": config.init,
+            "algorithm": section.model_dump(mode="json"),
+            "sampling": [config.num_samples, config.burn_in, config.thin, config.chains,
+                         config.seed, config.engine, config.checkpoint.chunk_size],
+            "data_digest": _data_digest(self.federation),
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _ravel(tree):
+    from jax.flatten_util import ravel_pytree
+
+    return ravel_pytree(tree)[0]
+
+
+def _data_digest(federation) -> str:
+    import jax
+
+    digest = hashlib.sha256()
+    for client in federation.clients:
+        for leaf in jax.tree_util.tree_leaves(client):
+            digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def resolve_algorithm_class(name: str, field: str = "algorithms.name"):
+    """The algorithm class ``name`` on the ``fedmcmc`` namespace; ``ConfigError`` lists what exists."""
+    import fedmcmc as fm
+
+    from .algorithm import Algorithm
+
+    available = sorted(
+        n for n in dir(fm)
+        if inspect.isclass(getattr(fm, n)) and issubclass(getattr(fm, n), Algorithm)
+        and getattr(fm, n) is not Algorithm
+    )
+    cls = getattr(fm, name, None)
+    if not (inspect.isclass(cls) and issubclass(cls, Algorithm)):
+        raise ConfigError(
+            f"{field}: unknown algorithm {name!r}; available: {', '.join(available)}"
+        )
+    return cls
+
+
+def _zoo_lookup(name: str):
+    """(builder, known names) from the model zoo ``fedmcmc.models``; builder None if unknown.
+
+    Uses the zoo's ``builder(name)`` (the builder function) or ``get(name, **params)``,
+    and ``names()`` for the listing.
+    """
+    try:
+        zoo = importlib.import_module("fedmcmc.models")
+    except ImportError:
+        return None, []
+    names: List[str] = []
+    lister = getattr(zoo, "names", None)
+    if callable(lister):
+        try:
+            names = sorted(lister())
+        except Exception:  # noqa: BLE001 - the listing is only for messages
+            names = []
+    build = getattr(zoo, "builder", None)
+    if callable(build):
+        try:
+            return build(name), names
+        except (KeyError, ValueError, LookupError):
+            return None, names
+    getter = getattr(zoo, "get", None)
+    if callable(getter) and name in names:
+        return (lambda **params: getter(name, **params)), names
+    return None, names
+
+
+def _call_factory(factory, params: dict, data, field: str):
+    kwargs = dict(params)
+    if data is not None:
+        try:
+            accepts_data = "data" in inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            accepts_data = False
+        if accepts_data:
+            kwargs["data"] = data
+    try:
+        return factory(**kwargs)
+    except TypeError as error:
+        raise ConfigError(f"{field}: {error}") from None
+    except ValueError as error:
+        raise ConfigError(f"{field}: {error}") from None
+
+
+def _split_factory_output(value, field: str):
+    from .model import Model
+
+    if isinstance(value, Model):
+        return value, None, None
+    if isinstance(value, tuple) and 2 <= len(value) <= 3 and isinstance(value[0], Model):
+        return value[0], value[1], (value[2] if len(value) == 3 else None)
+    raise ConfigError(
+        f"{field}: the model factory must return a fedmcmc.Model, (model, data) or "
+        f"(model, data, init); got {type(value).__name__}"
+    )
+
+
+def _load_data_file(section: DataSection, base_dir: Path):
+    path = Path(section.path).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    if not path.is_file():
+        raise ConfigError(f"data.path: data file not found: {path}")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                arrays = {k: archive[k] for k in archive.files}
+            if not arrays:
+                raise ConfigError(f"data.path: {path} holds no arrays")
+            return (next(iter(arrays.values())) if len(arrays) == 1 else arrays), str(path)
+        if suffix == ".npy":
+            return np.load(path, allow_pickle=False), str(path)
+        if suffix == ".csv":
+            return _load_csv(path, section.columns), str(path)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - unreadable file: name it
+        raise ConfigError(f"data.path: cannot read {path}: {error}") from None
+    raise ConfigError(f"data.path: unsupported file type {suffix!r} (use .npz, .npy or .csv)")
+
+
+def _load_csv(path: Path, columns):
+    table = np.genfromtxt(path, delimiter=",", names=True, dtype=np.float64, encoding="utf-8")
+    header = list(table.dtype.names or [])
+    if table.ndim == 0:
+        table = table.reshape(1)
+    if columns is None:
+        return np.stack([table[c] for c in header], axis=1)
+    out = {}
+    for leaf, wanted in columns.items():
+        names = [wanted] if isinstance(wanted, str) else list(wanted)
+        for column in names:
+            if column not in header:
+                raise ConfigError(
+                    f"data.columns.{leaf}: column {column!r} is not in {path.name} "
+                    f"(columns: {', '.join(header)})"
+                )
+        out[leaf] = table[names[0]] if isinstance(wanted, str) else np.stack(
+            [table[c] for c in names], axis=1
+        )
+    return out
+
+
+def _cast(tree, dtype):
+    import jax
+
+    def cast(leaf):
+        leaf = np.asarray(leaf)
+        return leaf.astype(dtype) if np.issubdtype(leaf.dtype, np.floating) else leaf
+
+    return jax.tree_util.tree_map(cast, tree)
+
+
+def _partition(data, section: PartitionSection):
+    from .federation import Federation
+
+    try:
+        module = importlib.import_module("fedmcmc.partition")
+    except ImportError:
+        module = None
+    weights = section.weights
+    function = getattr(module, section.method, None) if module is not None else None
+    if function is None or section.method.startswith("_") or not callable(function):
+        if section.method != "iid":
+            available = sorted(getattr(module, "__all__", [])) if module is not None else ["iid"]
+            raise ConfigError(
+                f"partition.method: unknown partition {section.method!r}; available: "
+                f"{', '.join(available)}"
+            )
+        # Minimal fallback: a seeded random split into near-equal clients.
+        n = int(np.asarray(__import__("jax").tree_util.tree_leaves(data)[0]).shape[0])
+        if section.num_clients > n:
+            raise ConfigError(f"partition.num_clients={section.num_clients} exceeds the {n} examples")
+        order = np.random.default_rng(section.seed).permutation(n)
+        parts = np.array_split(order, section.num_clients)
+        import jax
+
+        clients = [jax.tree_util.tree_map(lambda leaf, p=p: np.asarray(leaf)[p], data) for p in parts]
+        if weights == "uniform":
+            weights = [1.0 / len(clients)] * len(clients)
+        return Federation(clients, weights=weights)
+    kwargs = dict(section.options)
+    kwargs.setdefault("seed", section.seed)
+    if weights is not None:
+        kwargs["weights"] = weights
+    try:
+        if section.num_clients is not None:
+            return function(data, section.num_clients, **kwargs)
+        return function(data, **kwargs)
+    except TypeError as error:
+        raise ConfigError(f"partition: {section.method}: {error}") from None
+    except ValueError as error:
+        raise ConfigError(f"partition: {error}") from None
+
+
+def _init_from(value):
+    import jax
+    import jax.numpy as jnp
+
+    if callable(value):
+        value = value(jax.random.key(0))
+    return jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype=jnp.float32)
+                                  if np.issubdtype(np.asarray(leaf).dtype, np.floating)
+                                  or np.issubdtype(np.asarray(leaf).dtype, np.integer)
+                                  else leaf, value)
+
+
+def build_experiment(config: ExperimentConfig) -> Experiment:
+    """Resolve a validated config into model, federation, init and algorithm instances."""
+    from .federation import Federation
+
+    base_dir = getattr(config, "_base_dir", Path.cwd())
+    name = config.model.name
+    params = dict(config.model.params)
+
+    # Algorithms first: a typo there should not wait for data loading.
+    algorithms = []
+    for index, section in enumerate(config.algorithms):
+        cls = resolve_algorithm_class(section.name, field=f"algorithms.{index}.name")
+        try:
+            instance = cls(**section.params)
+        except TypeError as error:
+            raise ConfigError(f"algorithms.{index}.params ({section.name}): {error}") from None
+        except ValueError as error:
+            raise ConfigError(f"algorithms.{index}.params ({section.name}): {error}") from None
+        algorithms.append((section.label or section.name, section, instance))
+
+    file_data = None
+    data_source = None
+    if config.data.path is not None:
+        file_data, data_source = _load_data_file(config.data, base_dir)
+
+    generator = None
+    if ":" in name:
+        module_name, _, function_name = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ConfigError(f"model.name: cannot import {module_name!r} ({error})") from None
+        factory = getattr(module, function_name, None)
+        if not callable(factory):
+            raise ConfigError(f"model.name: {module_name!r} has no function {function_name!r}")
+        model_source = f"import:{name}"
+    else:
+        factory, zoo_names = _zoo_lookup(name)
+        model_source = f"fedmcmc.models:{name}"
+        if name in BUILTIN_MODELS:
+            builder, generator = BUILTIN_MODELS[name]
+            if factory is None:
+                factory, model_source = builder, f"builtin:{name}"
+        if factory is None:
+            known = sorted(set(zoo_names) | set(BUILTIN_MODELS))
+            raise ConfigError(
+                f"model.name: unknown model {name!r}; available: {', '.join(known)} "
+                "(or an import path 'package.module:function')"
+            )
+
+    model, data, init = _split_factory_output(
+        _call_factory(factory, params, file_data, "model.params"), "model.name"
+    )
+    if file_data is not None and data is None:
+        data = file_data
+    if data is None:
+        if config.data.generate or generator is not None:
+            if generator is None:
+                raise ConfigError(
+                    f"data.generate: model {name!r} has no built-in data generator; give data.path"
+                )
+            try:
+                data = generator(params, **config.data.generate)
+            except TypeError as error:
+                raise ConfigError(f"data.generate: {error}") from None
+            data_source = f"generated:{name}"
+        else:
+            raise ConfigError(
+                f"data.path: model {name!r} does not generate data; give data.path (.npz, .npy or .csv)"
+            )
+    elif data_source is None:
+        data_source = f"model:{name}"
+
+    if isinstance(data, Federation):
+        federation = data
+    else:
+        data = _cast(data, np.float32 if config.data.dtype == "float32" else np.float64)
+        federation = _partition(data, config.partition)
+
+    if config.init is not None:
+        init = config.init
+        if isinstance(init, (int, float)) and model.attributes.get("init") is not None:
+            template = _init_from(model.attributes["init"])
+            import jax
+
+            init = jax.tree_util.tree_map(lambda leaf: np.full(np.shape(leaf), float(config.init)), template)
+    if init is None:
+        init = model.attributes.get("init")
+    if init is None:
+        raise ConfigError(
+            f"init: model {name!r} carries no initial parameters; set init in the config"
+        )
+    init = _init_from(init)
+    try:
+        model.check_params(init, federation.example(), argument="init")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return Experiment(config, model, federation, init, algorithms, model_source, data_source)

@@ -1,0 +1,308 @@
+"""`fedmcmc run` / `fedmcmc reproduce`: outputs, config errors, Ctrl-C, checkpoint and resume."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+import fedmcmc as fm
+from fedmcmc import cli, runner
+from fedmcmc.config import ConfigError, build_experiment, parse_config
+from fedmcmc.report import _fmt
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    # references and compiled programs go to a temporary cache, not the user's
+    import jax
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FEDMCMC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    patch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    yield
+    patch.undo()
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+
+
+def small_config(**changes):
+    config = {
+        "name": "cli-test",
+        "model": {"name": "gaussian_mean", "params": {"dim": 2, "prior_cov": 100.0}},
+        "data": {"generate": {"num_examples": 120, "seed": 3}},
+        "partition": {"method": "iid", "num_clients": 3, "seed": 0},
+        "algorithms": [
+            {"name": "FSGLD", "params": {"step_size": 2e-3, "batch_size": 10, "local_steps": 5,
+                                         "surrogate": "exact"}},
+            {"name": "DSGLD", "label": "dsgld-5", "params": {"step_size": 2e-3, "batch_size": 10,
+                                                             "local_steps": 5}},
+        ],
+        "num_samples": 160,
+        "burn_in": 40,
+        "thin": 2,
+        "chains": 2,
+        "seed": 1,
+        "reference": {"num_samples": 1000},
+        "checkpoint": {"every_chunks": 1, "chunk_size": 20},
+        "report": {"curve_points": 5, "max_points": 300},
+    }
+    config.update(changes)
+    return config
+
+
+def write(tmp_path, config, name="config.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def nc_draws(path):
+    import arviz as az
+
+    data = az.from_netcdf(str(path))
+    names = list(data.posterior.data_vars)
+    return np.concatenate(
+        [np.asarray(data.posterior[n]).reshape(*np.asarray(data.posterior[n]).shape[:2], -1) for n in names],
+        axis=-1,
+    )
+
+
+# ------------------------------------------------------------------------- a full run
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    config_path = write(tmp, small_config())
+    out = tmp / "out"
+    code = cli.main(["run", str(config_path), "--out", str(out), "--quiet"])
+    return code, out, config_path
+
+
+def test_run_writes_draws_info_report_and_plots(finished_run):
+    code, out, _ = finished_run
+    assert code == 0
+    for name in ("config.resolved.json", "info.json", "summary.json", "report.md", "report.html",
+                 "draws/FSGLD.nc", "draws/dsgld-5.nc", "plots/traces.png", "plots/marginals.png",
+                 "plots/convergence.png"):
+        assert (out / name).is_file(), name
+    draws = nc_draws(out / "draws" / "FSGLD.nc")
+    assert draws.shape == (2, 160, 2)
+    info = json.loads((out / "info.json").read_text())
+    assert info["algorithms"]["FSGLD"]["status"] == "complete"
+    assert info["algorithms"]["dsgld-5"]["info"]["rounds"] > 0
+    assert info["reference"]["method"] == "exact"
+    resolved = json.loads((out / "config.resolved.json").read_text())
+    assert resolved["resolved"]["num_clients"] == 3 and resolved["thin"] == 2
+    html = (out / "report.html").read_text()
+    assert "<table>" in html and "plots/convergence.png" in html
+
+
+def test_report_numbers_match_the_draws(finished_run):
+    _, out, config_path = finished_run
+    summary = json.loads((out / "summary.json").read_text())
+    report = (out / "report.md").read_text()
+    experiment = build_experiment(fm.config.load_config(config_path))
+    config = experiment.config
+    reference = fm.reference_posterior(
+        experiment.model, experiment.federation, experiment.init, num_samples=1000,
+        num_warmup=config.reference.num_warmup, chains=config.reference.chains,
+    )
+    assert reference.from_cache  # the run computed and cached the same reference
+    for label in ("FSGLD", "dsgld-5"):
+        draws = nc_draws(out / "draws" / f"{label}.nc")
+        pooled = draws.reshape(-1, draws.shape[-1])
+        entry = summary[label]
+        np.testing.assert_allclose(entry["mean"], pooled.mean(axis=0), rtol=1e-5)
+        w1 = fm.diagnostics.wasserstein_marginal(pooled, reference.draws).mean()
+        assert entry["distances"]["w1_marginal_mean"] == pytest.approx(w1, rel=1e-6)
+        ess = fm.diagnostics.ess(draws).min()
+        assert entry["min_ess"] == pytest.approx(ess, rel=1e-6)
+        row = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
+        assert f"| {_fmt(w1)} |" in row
+        assert f"| {_fmt(entry['rounds'])} |" in row
+
+
+def test_pngs_render(finished_run):
+    import matplotlib.image
+
+    _, out, _ = finished_run
+    for name in ("traces", "marginals", "convergence"):
+        path = out / "plots" / f"{name}.png"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        image = matplotlib.image.imread(path)
+        assert image.shape[0] > 200 and image.shape[1] > 300
+        assert image[..., :3].std() > 0.05  # not blank
+
+
+# --------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"num_samples": None}, "num_samples"),
+        ({"chains": 0}, "chains"),
+        ({"num_sample": 10}, "num_sample: unknown field"),
+        ({"thin": "two"}, "thin"),
+        ({"algorithms": []}, "algorithms"),
+        ({"reference": {"method": "magic"}}, "reference.method"),
+        ({"partition": {"method": "iid", "num_clients": 3, "colour": 1}}, "partition.colour"),
+    ],
+)
+def test_schema_errors_name_the_field(tmp_path, capsys, change, field):
+    config = small_config()
+    for key, value in change.items():
+        if value is None:
+            config.pop(key)
+        else:
+            config[key] = value
+    code = cli.main(["run", str(write(tmp_path, config)), "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert field in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "change, needles",
+    [
+        ({"algorithms": [{"name": "FSGLDX", "params": {}}]}, ["algorithms.0.name", "FSGLDX", "DSGLD"]),
+        ({"algorithms": [{"name": "SGLD", "params": {"step_size": -1.0, "batch_size": 5}}]},
+         ["algorithms.0.params", "step_size"]),
+        ({"algorithms": [{"name": "SGLD", "params": {"step_size": 1e-3}}]},
+         ["algorithms.0.params", "batch_size"]),
+        ({"model": {"name": "no_such_model"}}, ["model.name", "unknown model", "gaussian_mean"]),
+        ({"model": {"name": "no_such_package.mod:fn"}}, ["model.name", "no_such_package"]),
+        ({"partition": {"method": "no_such_split", "num_clients": 3}}, ["partition.method"]),
+        ({"data": {"path": "missing.npz"}}, ["data.path", "not found", "missing.npz"]),
+    ],
+)
+def test_resolution_errors_are_clear(tmp_path, capsys, change, needles):
+    config = small_config(**change)
+    code = cli.main(["run", str(write(tmp_path, config)), "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    for needle in needles:
+        assert needle in err
+    assert "Traceback" not in err
+
+
+def test_missing_config_file(tmp_path, capsys):
+    assert cli.main(["run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)]) == 1
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_data_file_and_import_path(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((90, 3))
+    np.savez(tmp_path / "rows.npz", x=x, y=x @ np.array([1.0, 0.0, -1.0]))
+    module = tmp_path / "my_models.py"
+    module.write_text(
+        "import jax.numpy as jnp, fedmcmc as fm\n"
+        "def regression(dim=3):\n"
+        "    model = fm.Model(lambda b: -0.5 * jnp.sum(b ** 2),\n"
+        "                     lambda b, e: -0.5 * (e['y'] - e['x'] @ b) ** 2)\n"
+        "    return model, None, jnp.zeros(dim)\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        config = parse_config(small_config(model={"name": "my_models:regression"},
+                                           data={"path": "rows.npz"}), base_dir=tmp_path)
+        experiment = build_experiment(config)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert experiment.federation.total_size == 90 and experiment.federation.num_clients == 3
+    assert experiment.model_source == "import:my_models:regression"
+
+
+def test_help_lists_commands():
+    completed = subprocess.run(["fedmcmc", "--help"], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0
+    assert "run" in completed.stdout and "reproduce" in completed.stdout
+
+
+# ---------------------------------------------------------------- Ctrl-C and resume
+
+
+def _interrupt_at(write_number, exception):
+    def hook(checkpointer):
+        hook.count += 1
+        if hook.count == write_number:
+            raise exception
+
+    hook.count = 0
+    return hook
+
+
+def test_ctrl_c_keeps_draws_and_resume_reproduces_the_uninterrupted_run(finished_run, tmp_path,
+                                                                         monkeypatch, capsys):
+    _, reference_out, config_path = finished_run
+    out = tmp_path / "out"
+    # FSGLD writes 11 checkpoints (one per chunk of 20 of its 200 draws, and a final one),
+    # then Ctrl-C hits the DSGLD run after its 3rd chunk (draw 60).
+    monkeypatch.setattr(runner, "_AFTER_CHECKPOINT", _interrupt_at(14, KeyboardInterrupt()))
+    code = cli.main(["run", str(config_path), "--out", str(out), "--quiet"])
+    assert code == 130
+    assert "--resume" in capsys.readouterr().err
+    partial = nc_draws(out / "draws" / "dsgld-5.nc")
+    assert partial.shape[1] == 3 * 20 - 40  # 3 chunks of 20 draws, minus the burn-in
+    info = json.loads((out / "info.json").read_text())
+    assert info["interrupted"] and info["algorithms"]["dsgld-5"]["status"] == "interrupted"
+    assert "interrupted" in (out / "report.md").read_text()
+
+    monkeypatch.setattr(runner, "_AFTER_CHECKPOINT", None)
+    code = cli.main(["run", str(config_path), "--out", str(out), "--quiet", "--resume"])
+    assert code == 0
+    for label in ("FSGLD", "dsgld-5"):
+        np.testing.assert_array_equal(nc_draws(out / "draws" / f"{label}.nc"),
+                                      nc_draws(reference_out / "draws" / f"{label}.nc"))
+    info = json.loads((out / "info.json").read_text())
+    uninterrupted = json.loads((reference_out / "info.json").read_text())
+    dsgld = info["algorithms"]["dsgld-5"]["info"]
+    assert dsgld["resumed_at_draw"] == 60
+    assert dsgld["rounds"] == uninterrupted["algorithms"]["dsgld-5"]["info"]["rounds"]
+
+
+def test_crash_then_resume_from_disk(finished_run, tmp_path, monkeypatch):
+    _, reference_out, config_path = finished_run
+    out = tmp_path / "out"
+    monkeypatch.setattr(runner, "_AFTER_CHECKPOINT", _interrupt_at(3, RuntimeError("power cut")))
+    with pytest.raises(RuntimeError, match="power cut"):
+        runner.run_experiment(config_path, out, quiet=True)
+    monkeypatch.setattr(runner, "_AFTER_CHECKPOINT", None)
+    runner.run_experiment(config_path, out, quiet=True, resume=True)
+    for label in ("FSGLD", "dsgld-5"):
+        np.testing.assert_array_equal(nc_draws(out / "draws" / f"{label}.nc"),
+                                      nc_draws(reference_out / "draws" / f"{label}.nc"))
+    # a changed config is not resumed from the old checkpoints
+    changed = small_config(seed=2)
+    with pytest.raises(ConfigError, match="config changed"):
+        runner.run_experiment(write(tmp_path, changed, "changed.yaml"), out, quiet=True, resume=True)
+
+
+# ------------------------------------------------------------------------ reproduce
+
+
+def test_reproduce_list_and_run(tmp_path, capsys, monkeypatch):
+    from fedmcmc import reproduce
+
+    monkeypatch.setattr(reproduce, "_REGISTRY", {})
+    monkeypatch.setattr(reproduce, "_DISCOVERED", True)
+    assert cli.main(["reproduce", "--list"]) == 0
+    assert "no reproductions are registered" in capsys.readouterr().err
+
+    @reproduce.register("toy-check", "a toy reproduction for the test")
+    def toy(out_dir, quick):
+        (out_dir / "README.md").write_text(f"quick={quick}\n")
+
+    assert cli.main(["reproduce", "--list"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["toy-check\ta toy reproduction for the test"]
+    assert cli.main(["reproduce", "toy-check", "--out", str(tmp_path / "r"), "--quick"]) == 0
+    assert (tmp_path / "r" / "README.md").read_text() == "quick=True\n"
+    assert cli.main(["reproduce", "nope", "--out", str(tmp_path / "r")]) == 1
+    assert "unknown reproduction 'nope'" in capsys.readouterr().err
