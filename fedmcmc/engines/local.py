@@ -149,7 +149,7 @@ def run_chains(
             chunk_start = time.perf_counter()
             try:
                 new_states, (draws, stats, finite) = run_chunk(states, indices)
-                draws = np.asarray(draws)  # (n, chains, dim)
+                draws = np.array(draws)  # (n, chains, dim), writable
                 finite = np.asarray(finite)  # (n, chains)
             except KeyboardInterrupt:
                 interrupted = True

@@ -42,14 +42,17 @@ def build_kernel(
     """SGLD on the pooled data (the centralised baseline).
 
     Equation (2): v(theta) = grad log p(theta) + (N/m) grad log p(x^(m) | theta),
-    the minibatch drawn uniformly from all N examples.
+    the minibatch drawn uniformly (with replacement) from all N examples;
+    ``batch_size == N`` uses every example once (exact gradient).
     """
     total = jnp.sum(data.sizes)
 
     def step(key: jax.Array, state: SGLDState) -> SGLDState:
         key_batch, key_noise = jax.random.split(key)
         u = jax.random.uniform(key_batch, (batch_size,))
-        rows = jnp.minimum((u * total).astype(jnp.int32), total - 1)
+        sampled = jnp.minimum((u * total).astype(jnp.int32), total - 1)
+        # a batch as large as the data is the full-data gradient (every row once)
+        rows = jnp.where(batch_size >= total, jnp.arange(batch_size, dtype=jnp.int32), sampled)
         batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], data.data)
         theta = state.position
         gradient = flat_model.grad_log_prior(theta) + (
