@@ -24,7 +24,7 @@ import networkx as nx
 import numpy as np
 
 from ..algorithm import Algorithm, check_positive_float, check_positive_int
-from ..engines.local import run_chains
+from ..engines.local import default_chunk_size, run_chains
 from ..langevin.schedules import as_schedule
 from ..results import Result, SamplingDivergedError
 from . import graphs as graph_module
@@ -66,6 +66,31 @@ def _decaying(step_size: Any, decay_every: Optional[int], decay_factor: float):
         return schedule(t) * jnp.asarray(decay_factor, jnp.float32) ** (t // every)
 
     return decayed
+
+
+def _unravel_numpy(flat_model, draws: np.ndarray):
+    """``flat_model.unravel_draws`` in NumPy: slices of the flat axis reshaped to each leaf
+    (``ravel_pytree`` concatenates the leaves in ``tree_leaves`` order). Avoids compiling
+    small XLA programs for what is only slicing."""
+    template = jax.eval_shape(flat_model.unravel, jax.ShapeDtypeStruct((flat_model.dim,), flat_model.dtype))
+    leaves, treedef = jax.tree_util.tree_flatten(template)
+    lead = draws.shape[:-1]
+    out, offset = [], 0
+    for leaf in leaves:
+        size = int(np.prod(leaf.shape, dtype=np.int64))
+        out.append(draws[..., offset:offset + size].reshape(lead + tuple(leaf.shape)).astype(leaf.dtype))
+        offset += size
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _chunk_size(total: int) -> int:
+    """A chunk length that divides ``total`` when one is near the engine's default, so the
+    compiled chunk is built once (a shorter last chunk would compile a second program)."""
+    target = default_chunk_size(total)
+    for size in range(min(total, 2 * target), max(target // 2, 1) - 1, -1):
+        if total % size == 0:
+            return size
+    return target
 
 
 class _Decentralised(Algorithm):
@@ -142,7 +167,9 @@ class _Decentralised(Algorithm):
         n = federation.num_clients
         topo = self.topology(n)
         self._check_batch(federation)
-        problems = graph_module.check_condition_1(topo, self.beta, self._gamma(), self.condition)
+        problems = graph_module.check_condition_1(
+            topo, self.beta, self._gamma(), self.condition, stacklevel=4
+        )
 
         flat_model = model.flatten(init)
         dim = flat_model.dim
@@ -157,7 +184,9 @@ class _Decentralised(Algorithm):
         positions = jnp.broadcast_to(theta0, (n, dim))
         key = jax.random.key(seed)
         init_keys = jax.random.split(jax.random.fold_in(key, 2**20), chains)
-        states = jax.vmap(lambda k: self._init_state(k, positions, local_gradient))(init_keys)
+        states = jax.jit(jax.vmap(lambda k: self._init_state(k, positions, local_gradient)))(
+            init_keys
+        )
         track = self.gradient_error
         tracking = self.tracking
 
@@ -183,14 +212,13 @@ class _Decentralised(Algorithm):
             progress=progress,
             label=self.name,
             iterations_per_draw=thin,
+            chunk_size=_chunk_size(burn_in + num_samples),
         )
         draws = np.asarray(run.draws)
         kept = draws.shape[1]
         average = draws[:, :, :dim]
         agents = draws[:, :, dim:].reshape(chains, kept, n, dim)
-        samples = jax.tree_util.tree_map(
-            np.asarray, flat_model.unravel_draws(jnp.asarray(average))
-        )
+        samples = _unravel_numpy(flat_model, average)
         iterations = run.draws_done * thin
         floats_per_message = dim * (2 if self.tracking else 1)
         directed_edges = 2 * topo.num_edges
@@ -221,9 +249,7 @@ class _Decentralised(Algorithm):
         if gamma is not None:
             info["gamma"] = gamma
         if self.keep_agent_samples:
-            info["agent_samples"] = jax.tree_util.tree_map(
-                np.asarray, flat_model.unravel_draws(jnp.asarray(agents))
-            )
+            info["agent_samples"] = _unravel_numpy(flat_model, agents)
         stats = {k: np.asarray(v) for k, v in run.stats.items()}
         result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
         if run.diverged.any():

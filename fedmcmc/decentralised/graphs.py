@@ -286,6 +286,7 @@ def check_condition_1(
     beta: float,
     gamma: Optional[float] = None,
     on_violation: str = "warn",
+    stacklevel: int = 2,
 ) -> list:
     """Check the graph parts of Condition 1: beta <= min(1, n / lambda_n), gamma <= min(beta, 1 / lambda_2).
 
@@ -345,5 +346,5 @@ def check_condition_1(
         )
         if on_violation == "raise":
             raise ValueError(message)
-        warnings.warn(message, ConditionWarning, stacklevel=3)
+        warnings.warn(message, ConditionWarning, stacklevel=stacklevel)
     return problems

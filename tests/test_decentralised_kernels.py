@@ -1,0 +1,215 @@
+"""DULA / GT-DULA kernels and the public classes: equations (3)-(8), the tracking
+invariant, minibatch estimators, result layout and argument checks."""
+
+import jax
+import jax.numpy as jnp
+import networkx as nx
+import numpy as np
+import pytest
+
+import fedmcmc as fm
+from fedmcmc.decentralised import graphs, kernels
+from fedmcmc.langevin.schedules import constant, piecewise_constant
+
+
+def logistic_problem(n_agents=6, dim=3, seed=0):
+    """Non-IID logistic regression: each agent's features are shifted differently."""
+    rng = np.random.default_rng(seed)
+    w_true = rng.normal(size=dim)
+    clients = []
+    for i in range(n_agents):
+        size = 15 + 5 * i
+        x = rng.normal(loc=0.5 * (i - n_agents / 2), size=(size, dim)).astype(np.float32)
+        y = (rng.uniform(size=size) < 1 / (1 + np.exp(-x @ w_true))).astype(np.float32)
+        clients.append({"x": x, "y": y})
+
+    def log_likelihood(w, example):
+        logit = jnp.dot(example["x"], w["w"]) + w["b"][0]
+        return example["y"] * logit - jnp.logaddexp(0.0, logit)
+
+    model = fm.Model(
+        log_prior=lambda p: -0.5 * (jnp.sum(p["w"] ** 2) + jnp.sum(p["b"] ** 2)),
+        log_likelihood=log_likelihood,
+    )
+    init = {"w": jnp.zeros(dim), "b": jnp.zeros(1)}
+    return model, fm.Federation(clients), init
+
+
+def setup_kernel(batch_size, n_agents=6):
+    model, fed, init = logistic_problem(n_agents)
+    flat = model.flatten(init)
+    padded = fed.padded()
+    topo = graphs.topology("ring", n_agents)
+    local = kernels.local_gradient_fn(flat, padded, batch_size)
+    return model, fed, init, flat, padded, topo, local
+
+
+def numpy_full_gradients(model, fed, init, positions):
+    """grad E_i(w_i) = -grad log p(X_i|w_i) - (1/n) grad log p(w_i), agent by agent."""
+    flat = model.flatten(init)
+    n = fed.num_clients
+    out = []
+    for i in range(n):
+        data = fed[i]
+        g = jax.grad(lambda th: -flat.log_likelihood_sum(th, data) - flat.log_prior(th) / n)
+        out.append(np.asarray(g(jnp.asarray(positions[i]))))
+    return np.stack(out)
+
+
+def test_deterministic_steps_follow_equations_3_7_8():
+    """noise=False: one DULA step is W_beta w - alpha n grad E(w); two GT-DULA steps
+    follow (7)-(8) with d_0 = g_0, computed agent by agent in NumPy."""
+    model, fed, init, flat, padded, topo, local = setup_kernel(None)
+    n, alpha, beta, gamma = fed.num_clients, 1e-3, 0.2, 0.15
+    w0 = np.random.default_rng(1).normal(size=(n, flat.dim)).astype(np.float32)
+    Wb, Wg = topo.mixing(beta), topo.mixing(gamma)
+    key = jax.random.key(0)
+    g0 = numpy_full_gradients(model, fed, init, w0)
+
+    dula = kernels.dula_kernel(local, topo.mixer(), beta, constant(alpha), n, noise=False)
+    state = dula(key, kernels.dula_init(jnp.asarray(w0)))
+    np.testing.assert_allclose(state.position, Wb @ w0 - alpha * n * g0, rtol=1e-5, atol=1e-6)
+
+    gt = kernels.gtdula_kernel(local, topo.mixer(), beta, gamma, constant(alpha), n, noise=False)
+    state = kernels.gtdula_init(key, jnp.asarray(w0), local)
+    np.testing.assert_allclose(state.tracker, g0, rtol=1e-5, atol=1e-6)
+    w, d, g = w0.astype(np.float64), g0, g0
+    for _ in range(2):
+        state = gt(key, state)
+        w = Wb @ w - alpha * n * d
+        g_new = numpy_full_gradients(model, fed, init, w)
+        d = Wg @ d + g_new - g
+        g = g_new
+    np.testing.assert_allclose(state.position, w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state.tracker, d, rtol=1e-4, atol=1e-4)
+
+
+def test_noise_has_variance_2_alpha_n():
+    """With zero gradients and no mixing effect on the average, w_bar moves by N(0, 2 alpha I)
+    and each agent by N(0, 2 alpha n I) (equation (3))."""
+    n, dim, alpha = 8, 2, 1e-2
+    topo = graphs.topology("complete", n)
+    zero_grad = lambda key, w: jnp.zeros_like(w)  # noqa: E731
+    step = kernels.dula_kernel(zero_grad, topo.mixer(), 0.0, constant(alpha), n)
+    keys = jax.random.split(jax.random.key(3), 4000)
+    moves = jax.vmap(lambda k: step(k, kernels.dula_init(jnp.zeros((n, dim)))).position)(keys)
+    moves = np.asarray(moves)
+    assert moves.var() == pytest.approx(2 * alpha * n, rel=0.05)
+    assert moves.mean(axis=1).var() == pytest.approx(2 * alpha, rel=0.08)
+
+
+def tracking_gaps(step, state, steps=300, seed=0):
+    """max over steps of |mean_i d_i - mean_i g_hat_i| relative to the gradients' size."""
+    def body(state, key):
+        state = step(key, state)
+        gap = jnp.max(jnp.abs(state.tracker.mean(0) - state.gradient.mean(0)))
+        scale = jnp.max(jnp.abs(state.gradient)) + 1.0
+        return state, gap / scale
+
+    _, gaps = jax.lax.scan(body, state, jax.random.split(jax.random.key(seed), steps))
+    init_gap = jnp.max(jnp.abs(state.tracker.mean(0) - state.gradient.mean(0)))
+    return np.concatenate([[float(init_gap / (jnp.max(jnp.abs(state.gradient)) + 1))], np.asarray(gaps)])
+
+
+@pytest.mark.parametrize("batch_size", [None, 5])
+def test_tracking_invariant_holds_at_every_step(batch_size):
+    """Mean of the trackers = mean of the current local gradient estimates (1^T L = 0),
+    for full-batch and minibatch gradients and a decaying step size; a tracker that is
+    not initialised to the first gradient estimate (d_0 = 0) breaks it and is rejected."""
+    model, fed, init, flat, padded, topo, local = setup_kernel(batch_size)
+    n = fed.num_clients
+    schedule = piecewise_constant([100, 200], [1e-3, 1e-4, 1e-5])
+    step = kernels.gtdula_kernel(local, topo.mixer(), 0.3, 0.2, schedule, n)
+    w0 = jnp.broadcast_to(flat.ravel(init), (n, flat.dim))
+    state = kernels.gtdula_init(jax.random.key(1), w0, local)
+    tolerance = 1e-5  # float32 rounding of the mixing sums, relative
+    gaps = tracking_gaps(step, state)
+    assert gaps.max() < tolerance, gaps.max()
+
+    broken = state._replace(tracker=jnp.zeros_like(state.tracker))
+    assert tracking_gaps(step, broken).max() > 100 * tolerance
+
+
+def test_minibatch_estimator_is_unbiased():
+    model, fed, init, flat, padded, topo, _ = setup_kernel(None)
+    n = fed.num_clients
+    w = jnp.asarray(np.random.default_rng(2).normal(size=(n, flat.dim)), dtype=jnp.float32)
+    full = np.asarray(kernels.full_gradient_fn(flat, padded)(w))
+    local = kernels.local_gradient_fn(flat, padded, 4)
+    draws = np.asarray(jax.vmap(lambda k: local(k, w))(jax.random.split(jax.random.key(0), 20000)))
+    se = draws.std(axis=0) / np.sqrt(draws.shape[0])
+    assert np.all(np.abs(draws.mean(axis=0) - full) < 5 * se + 1e-4)
+    # a batch the size of the smallest agent uses all of that agent's rows: exact gradient
+    exact = kernels.local_gradient_fn(flat, padded, int(fed.sizes.min()))
+    np.testing.assert_allclose(exact(jax.random.key(5), w)[0], full[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("algorithm", [
+    fm.DULA(step_size=1e-3, beta=0.3),
+    fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.25, batch_size=5, graph="exponential"),
+])
+def test_result_layout(algorithm):
+    model, fed, init = logistic_problem()
+    result = fm.sample(model, fed, algorithm, init=init, num_samples=30, burn_in=5, thin=3,
+                       chains=2, seed=0)
+    n = fed.num_clients
+    assert result.samples["w"].shape == (2, 30, 3) and result.samples["b"].shape == (2, 30, 1)
+    agents = result.info["agent_samples"]
+    assert agents["w"].shape == (2, 30, n, 3) and agents["b"].shape == (2, 30, n, 1)
+    assert isinstance(agents["w"], np.ndarray)
+    np.testing.assert_allclose(agents["w"].mean(axis=2), result.samples["w"], atol=1e-5)
+    assert set(result.sample_stats) == {"consensus_error", "gradient_error"}
+    ce = ((agents["w"] - agents["w"].mean(2, keepdims=True)) ** 2).sum((2, 3))
+    ce += ((agents["b"] - agents["b"].mean(2, keepdims=True)) ** 2).sum((2, 3))
+    np.testing.assert_allclose(result.sample_stats["consensus_error"], ce / n, rtol=1e-3, atol=1e-8)
+    info = result.info
+    assert info["n_agents"] == n and info["iterations"] == 35 * 3 and info["dim"] == 4
+    per_message = 4 * (2 if algorithm.name == "GTDULA" else 1)
+    assert info["floats_communicated"] == info["messages"] * per_message
+    assert result.to_arviz() is not None
+
+
+def test_bad_arguments_raise_value_errors_naming_them():
+    model, fed, init = logistic_problem()
+    for make, name in [
+        (lambda: fm.DULA(step_size=0.0, beta=0.3), "step_size"),
+        (lambda: fm.DULA(step_size=-1e-3, beta=0.3), "step_size"),
+        (lambda: fm.DULA(step_size=float("nan"), beta=0.3), "step_size"),
+        (lambda: fm.DULA(step_size=1e-3, beta=0.0), "beta"),
+        (lambda: fm.GTDULA(step_size=1e-3, beta=0.3, gamma=-0.1), "gamma"),
+        (lambda: fm.DULA(step_size=1e-3, beta=0.3, batch_size=0), "batch_size"),
+        (lambda: fm.DULA(step_size=1e-3, beta=0.3, graph=nx.Graph([(0, 1), (2, 3)])), "graph"),
+        (lambda: fm.DULA(step_size=1e-3, beta=0.3, graph="hexagon"), "graph"),
+        (lambda: fm.DULA(step_size=1e-3, beta=0.3, condition="sometimes"), "condition"),
+        (lambda: fm.DULA(step_size=1e-3, beta=0.3, decay_every=0), "decay_every"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            make()
+    for algorithm, name in [
+        (fm.DULA(step_size=1e-3, beta=0.3, batch_size=16), "batch_size"),
+        (fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.2, graph=nx.cycle_graph(5)), "graph"),
+        (fm.GTDULA(step_size=1e-3, beta=1.5, gamma=0.2, condition="raise"), "beta"),
+        (fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.9, condition="raise"), "gamma"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            fm.sample(model, fed, algorithm, init=init, num_samples=2)
+    with pytest.raises(ValueError, match="init"):
+        fm.sample(model, fed, fm.DULA(step_size=1e-3, beta=0.3), init=jnp.zeros(4), num_samples=2)
+
+
+def test_condition_1_violation_warns_at_sampling():
+    model, fed, init = logistic_problem()
+    with pytest.warns(graphs.ConditionWarning, match="min\\(beta, 1/lambda_2\\)"):
+        fm.sample(model, fed, fm.GTDULA(step_size=1e-4, beta=0.2, gamma=0.3), init=init,
+                  num_samples=2)
+
+
+def test_decaying_step_size_and_divergence():
+    from fedmcmc.decentralised.algorithms import _decaying
+
+    schedule = _decaying(1e-3, 10, 0.1)
+    assert [float(schedule(t)) for t in (0, 9, 10, 25)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-5])
+    model, fed, init = logistic_problem()
+    with pytest.raises(fm.SamplingDivergedError) as info:
+        fm.sample(model, fed, fm.DULA(step_size=5.0, beta=0.3), init=init, num_samples=50, seed=0)
+    assert info.value.result is not None and info.value.chains == [0]
