@@ -2,8 +2,8 @@
 
 Written in plain JAX so that the parameters are a pytree of arrays only (dicts
 and lists; no module objects), which every sampler can flatten directly.
-``attributes["init"]`` is ``key -> params`` (a random initialisation; a
-``jax.random`` key or an int seed), ``attributes["apply"]`` is
+``attributes["init"]`` is ``key -> params`` (a random initialisation from a
+``jax.random`` key, an int seed or a numpy Generator), ``attributes["apply"]`` is
 ``(params, inputs) -> logits`` for a batch of inputs (leading axis), and
 ``attributes["predict"]`` returns class probabilities.
 
@@ -25,12 +25,21 @@ from ._common import LOG_2PI, positive_float, positive_int
 __all__ = ["mlp_classifier", "lenet5"]
 
 
-def _key(key: Any) -> jax.Array:
+def _numpy_rng(key: Any) -> np.random.Generator:
+    """A numpy Generator seeded from an int or a ``jax.random`` key.
+
+    Initialisation uses numpy: compiling ``jax.random`` draws for every layer
+    shape costs seconds on CPU, for a one-off draw.
+    """
     if key is None:
-        return jax.random.PRNGKey(0)
+        return np.random.default_rng(0)
     if isinstance(key, (int, np.integer)):
-        return jax.random.PRNGKey(int(key))
-    return key
+        return np.random.default_rng(int(key))
+    if isinstance(key, np.random.Generator):
+        return key
+    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return np.random.default_rng(np.asarray(key, dtype=np.uint32).ravel().tolist())
 
 
 def _layer_prior(params: Any, scales: Any) -> jax.Array:
@@ -90,14 +99,13 @@ def mlp_classifier(
         return jax.nn.log_softmax(logits)[example["y"].astype(jnp.int32)]
 
     def init(key=None):
-        key = _key(key)
+        rng = _numpy_rng(key)
         layers = []
         for n_in, n_out in zip(sizes[:-1], sizes[1:]):
-            key, sub = jax.random.split(key)
             bound = np.sqrt(6.0 / n_in)  # He (Kaiming) uniform for ReLU layers
             layers.append(
                 {
-                    "w": jax.random.uniform(sub, (n_in, n_out), jnp.float32, -bound, bound),
+                    "w": jnp.asarray(rng.uniform(-bound, bound, (n_in, n_out)), jnp.float32),
                     "b": jnp.zeros((n_out,), jnp.float32),
                 }
             )
@@ -184,14 +192,13 @@ def lenet5(*, num_classes: int = 10, prior_scale: Optional[float] = None) -> Mod
         return jax.nn.log_softmax(logits)[example["label"].astype(jnp.int32)]
 
     def init(key=None):
-        key = _key(key)
+        rng = _numpy_rng(key)
         params = {}
         for name, shape in shapes.items():
-            key, kw, kb = jax.random.split(key, 3)
             bound = 1.0 / np.sqrt(_LENET_FAN_IN[name])  # PyTorch default (kaiming_uniform, a=sqrt(5))
             params[name] = {
-                "w": jax.random.uniform(kw, shape["w"], jnp.float32, -bound, bound),
-                "b": jax.random.uniform(kb, shape["b"], jnp.float32, -bound, bound),
+                "w": jnp.asarray(rng.uniform(-bound, bound, shape["w"]), jnp.float32),
+                "b": jnp.asarray(rng.uniform(-bound, bound, shape["b"]), jnp.float32),
             }
         return params
 
