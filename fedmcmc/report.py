@@ -278,8 +278,12 @@ def plot_convergence(summary, path: Path) -> Optional[Path]:
 def _skeleton(result):
     """(times, positions) of a PDMP trajectory if the result carries one, else None."""
     candidate = getattr(result, "skeleton", None)
+    info = result.info if isinstance(result.info, dict) else {}
     if candidate is None:
-        candidate = result.info.get("skeleton") if isinstance(result.info, dict) else None
+        candidate = info.get("skeleton")
+    if candidate is None and info.get("skeleton_times") is not None:
+        # the PDMP family: per-chain lists in info["skeleton_times"], ["skeleton_positions"]
+        candidate = {"times": info["skeleton_times"][0], "positions": info["skeleton_positions"][0]}
     if candidate is None:
         return None
     if isinstance(candidate, dict):
@@ -324,7 +328,9 @@ def plot_trajectories(results, names, path: Path, events: int = 200) -> Optional
             ax.set_ylabel(f"{names[0]} (parameter units)")
         ax.set_title(f"{label}: first {positions.shape[0]} events", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("A stretch of the PDMP trajectory (first chain)")
+    fig.suptitle("A stretch of the PDMP trajectory (first chain)\nskeleton points joined by straight "
+                 "lines: exact for Zig-Zag and BPS; the Boomerang moves on ellipses between them",
+                 fontsize=9)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -75,6 +75,19 @@ class _Console:
         return self._console.status(message)
 
 
+#: skeleton points per chain requested from PDMP algorithms for the trajectory plot
+SKELETON_POINTS = 500
+
+
+def _accepts(function, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _result_from_arrays(experiment, name, draws, stats, info):
     import jax.numpy as jnp
 
@@ -201,6 +214,8 @@ def run_experiment(
             chunk_size=config.checkpoint.chunk_size, after_write=after_write,
         )
         options = dict(section.options)
+        if "skeleton" not in options and _accepts(algorithm.sample, "skeleton"):
+            options["skeleton"] = SKELETON_POINTS  # PDMP: a stretch of trajectory for the report
         if resumable:
             options.update(checkpointer.run_options())
         elif previous is not None:
@@ -237,6 +252,7 @@ def run_experiment(
             if draws is None:
                 draws = np.zeros((config.chains, 0, int(result.flat_samples().shape[-1])))
             info["wall_time"] = wall_before + float(info.get("wall_time") or 0.0)
+            info["draws_kept"] = int(draws.shape[1])
             if previous is not None:
                 info["resumed_at_draw"] = int(previous["draws_done"])
                 info.pop("start_draw", None)

@@ -265,6 +265,7 @@ def test_ctrl_c_keeps_draws_and_resume_reproduces_the_uninterrupted_run(finished
     uninterrupted = json.loads((reference_out / "info.json").read_text())
     dsgld = info["algorithms"]["dsgld-5"]["info"]
     assert dsgld["resumed_at_draw"] == 60
+    assert dsgld["draws_kept"] == 160
     assert dsgld["rounds"] == uninterrupted["algorithms"]["dsgld-5"]["info"]["rounds"]
 
 
@@ -306,3 +307,20 @@ def test_reproduce_list_and_run(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "r" / "README.md").read_text() == "quick=True\n"
     assert cli.main(["reproduce", "nope", "--out", str(tmp_path / "r")]) == 1
     assert "unknown reproduction 'nope'" in capsys.readouterr().err
+
+
+def test_trajectory_plot_from_a_pdmp_skeleton(tmp_path):
+    import matplotlib.image
+
+    from fedmcmc.report import plot_trajectories
+
+    t = np.linspace(0.0, 5.0, 60)
+    positions = np.stack([np.cos(t), np.sin(t)], axis=1)
+    result = fm.Result(
+        samples=np.zeros((2, 10, 2)), algorithm="FedZigZag",
+        info={"skeleton_times": [t.tolist()] * 2, "skeleton_positions": [positions.tolist()] * 2},
+    )
+    path = plot_trajectories({"zz": result}, ["x[0]", "x[1]"], tmp_path / "trajectory.png")
+    assert path is not None and matplotlib.image.imread(path)[..., :3].std() > 0.05
+    plain = fm.Result(samples=np.zeros((2, 10, 2)), info={}, algorithm="SGLD")
+    assert plot_trajectories({"sgld": plain}, ["x[0]", "x[1]"], tmp_path / "none.png") is None
