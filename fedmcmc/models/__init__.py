@@ -9,9 +9,11 @@ row of a client's data pytree). Common ``model.attributes``:
                       vector, where the posterior is known (Gaussian mean,
                       Bernoulli, linear regression); ``data`` is the pooled
                       pytree or an ``fm.Federation``.
-``"hessian_bound"``   ``data -> Q`` with elementwise ``|Hessian of the log
-                      likelihood sum| <= Q`` everywhere (logistic regression,
-                      AR(1) Student-t), for PDMP Poisson thinning.
+PDMP bounds, in the convention of :mod:`fedmcmc.pdmp.bounds`:
+``"hessian_bound"`` (``example -> (d, d)`` elementwise bound on the Hessian of
+-log p(example | theta)), ``"prior_hessian_bound"`` and ``"quadratic_potential"``
+(Gaussian mean, linear and logistic regression). ``ar1_student_t`` and ``lgcp``
+are the PDMP family's models (:mod:`fedmcmc.pdmp.models`) under zoo names.
 ``"predict"``/``"apply"``  predictions / logits for a batch of inputs.
 
 Registry, for configuration files: :func:`get` ``(name, **kwargs)`` builds a
@@ -34,13 +36,12 @@ from .conjugate import (
     linear_regression,
     linear_regression_posterior,
 )
-from .cox import grid_adjacency, lgcp
 from .evaluation import log_likelihood_matrix, predictive_log_likelihood
 from .glm import logistic_regression, poisson_regression
 from .metric_learning import metric_learning, metric_learning_pairs, top_eigenvectors
 from .nn import lenet5, mlp_classifier
 from .synthetic import delayed_communication_data
-from .timeseries import ar1_student_t, student_t_bounds
+from .pdmp_examples import ar1_data, ar1_student_t, lgcp, lgcp_data
 
 _REGISTRY: Dict[str, Callable[..., Model]] = {
     "gaussian_mean": gaussian_mean,
@@ -111,9 +112,9 @@ __all__ = [
     "mlp_classifier",
     "lenet5",
     "ar1_student_t",
-    "student_t_bounds",
+    "ar1_data",
     "lgcp",
-    "grid_adjacency",
+    "lgcp_data",
     "predictive_log_likelihood",
     "log_likelihood_matrix",
     "delayed_communication_data",

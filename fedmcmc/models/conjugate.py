@@ -6,6 +6,11 @@ over the flat parameter vector (``data``: the pooled data pytree or an
 ``fm.Federation``); the same function is available at module level
 (:func:`gaussian_mean_posterior`, ...). ``attributes["init"]`` is a function
 ``key -> params`` (zeros: these posteriors are unimodal).
+
+For the PDMP samplers (convention of :mod:`fedmcmc.pdmp.bounds`), the Gaussian
+mean and linear regression models are ``quadratic_potential`` (affine rates,
+exact event times) and carry ``hessian_bound`` (per example, elementwise) and
+``prior_hessian_bound``.
 """
 
 from __future__ import annotations
@@ -97,12 +102,18 @@ def gaussian_mean(
             data, prior_mean=prior_mean, prior_cov=prior_cov, noise_cov=noise_cov
         )
 
+    abs_noise_precision = jnp.abs(noise_precision)
     return Model(
         log_prior,
         log_likelihood,
         name="gaussian_mean",
         exact_posterior=exact_posterior,
         init=lambda key=None: jnp.zeros((dim,), jnp.float32),
+        quadratic_potential=True,
+        hessian_bound=lambda x: abs_noise_precision,
+        prior_hessian_bound=(
+            np.zeros((dim, dim)) if prior_precision is None else np.abs(np.asarray(prior_precision, np.float64))
+        ),
     )
 
 
@@ -238,4 +249,7 @@ def linear_regression(
         exact_posterior=exact_posterior,
         init=lambda key=None: jnp.zeros((dim,), jnp.float32),
         predict=lambda beta, x: x @ beta,
+        quadratic_potential=True,
+        hessian_bound=lambda example: jnp.abs(jnp.outer(example["x"], example["x"])) / sigma**2,
+        prior_hessian_bound=lam * np.eye(dim),
     )

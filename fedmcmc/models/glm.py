@@ -4,12 +4,12 @@ Both take parameters ``beta`` of shape ``(dim,)`` and examples
 ``{"x": (dim,), "y": ()}``; add a column of ones to ``x`` for an intercept
 (Fed-PDMC section 6.2 does). Prior: independent N(0, prior_scale^2).
 
-``attributes["hessian_bound"]`` (logistic only) is ``data -> Q``, a (dim, dim)
-matrix with ``|d^2/dbeta_j dbeta_k sum_i log p(y_i | x_i, beta)| <= Q_jk`` for
-every beta (so also ``||Hessian||_2 <= ||Q||_2``): from Fed-PDMC Appendix F.2,
-whose Hessian is sum_i x_i x_i^T / (4 cosh^2) with 4 cosh^2 >= 4, so
-Q = sum_i |x_i| |x_i|^T / 4. Usable as a global bound by Poisson thinning. The
-Poisson likelihood's curvature is unbounded (log link).
+PDMP bounds (convention of :mod:`fedmcmc.pdmp.bounds`): logistic regression
+carries ``hessian_bound``, ``example -> |x x^T| / 4``, an elementwise bound on
+the Hessian of -log p(y | x, beta) for every beta (Fed-PDMC Appendix F.2: the
+Hessian is x x^T sigma(z)(1 - sigma(z)) <= x x^T / 4); both models carry
+``prior_hessian_bound`` = I / prior_scale^2. The Poisson likelihood's curvature
+is unbounded (log link): PDMP samplers fall back to their automatic bound.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from ._common import gaussian_log_prior, pooled, positive_float, positive_int
 __all__ = ["logistic_regression", "poisson_regression"]
 
 
-def _logistic_hessian_bound(data):
-    x = np.abs(np.asarray(pooled(data)["x"], dtype=np.float64))
-    return 0.25 * x.T @ x
+def _logistic_hessian_bound(example):
+    x = jnp.abs(example["x"])
+    return 0.25 * jnp.outer(x, x)
 
 
 def logistic_regression(dim: int, *, prior_scale: float = 1.0) -> Model:
@@ -52,7 +52,7 @@ def logistic_regression(dim: int, *, prior_scale: float = 1.0) -> Model:
         name="logistic_regression",
         init=lambda key=None: jnp.zeros((dim,), jnp.float32),
         hessian_bound=_logistic_hessian_bound,
-        prior_precision=1.0 / scale**2,
+        prior_hessian_bound=np.eye(dim) / scale**2,
         predict=lambda beta, x: jax.nn.sigmoid(x @ beta),
     )
 
@@ -79,6 +79,6 @@ def poisson_regression(dim: int, *, prior_scale: float = 1.0) -> Model:
         log_likelihood,
         name="poisson_regression",
         init=lambda key=None: jnp.zeros((dim,), jnp.float32),
-        prior_precision=1.0 / scale**2,
+        prior_hessian_bound=np.eye(dim) / scale**2,
         predict=lambda beta, x: jnp.exp(x @ beta),
     )

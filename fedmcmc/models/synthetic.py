@@ -13,9 +13,11 @@ generator                              paper setting                            
 :func:`logistic_regression_data`       Fed-PDMC 6.2: N = 1000, d = 6, intercept      ``logistic_regression(6)``
 :func:`poisson_regression_data`        issue 8: non-IID Poisson regression           ``poisson_regression(d)``
 :func:`linear_regression_data`         FSGLD F.1 (synthetic stand-in)                ``linear_regression(d)``
-:func:`ar1_data`                       Fed-PDMC 6.3: AR(1), Student-t noise          ``ar1_student_t(nu)``
-:func:`lgcp_data`                      Fed-PDMC E.1: 4 x 4 grid, 4 workers           ``lgcp(4)``
 =====================================  ============================================  ======================
+
+The AR(1) and log-Gaussian Cox generators live with their models in
+:mod:`fedmcmc.pdmp.models` (re-exported as ``fm.models.ar1_data`` and
+``fm.models.lgcp_data``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ __all__ = [
     "logistic_regression_data",
     "poisson_regression_data",
     "linear_regression_data",
-    "ar1_data",
-    "lgcp_data",
 ]
 
 
@@ -200,71 +200,3 @@ def linear_regression_data(
     x = _design(rng, num_examples, dim, intercept, 1.0)
     y = x @ beta + noise_std * rng.standard_normal(num_examples)
     return {"x": x.astype(np.float32), "y": y.astype(np.float32)}, beta
-
-
-def ar1_data(
-    num_series: int = 100,
-    length: int = 50,
-    *,
-    phi: float = 0.5,
-    c: float = 1.0,
-    nu: float = 3.0,
-    y0: float = 0.0,
-    seed: Any = 0,
-) -> dict:
-    """Fed-PDMC section 6.3: N independent AR(1) trajectories Y_k = c + phi Y_{k-1} + eps_k,
-    eps_k ~ Student-t(nu), each observed at K + 1 = ``length + 1`` points from Y_0 = ``y0``.
-
-    Returns ``{"y": (num_series, length + 1) float32}``; model ``fm.models.ar1_student_t(nu=nu)``.
-    """
-    rng = _rng(seed)
-    num_series = positive_int(num_series, "num_series")
-    length = positive_int(length, "length")
-    nu = positive_float(nu, "nu")
-    y = np.empty((num_series, length + 1))
-    y[:, 0] = y0
-    noise = rng.standard_t(nu, size=(num_series, length))
-    for k in range(1, length + 1):
-        y[:, k] = c + phi * y[:, k - 1] + noise[:, k - 1]
-    return {"y": y.astype(np.float32)}
-
-
-def lgcp_data(
-    grid_size: int = 4,
-    *,
-    alpha: float = 0.1,
-    beta: float = 1.0,
-    blocks: Tuple[int, int] = (2, 2),
-    seed: Any = 0,
-):
-    """Fed-PDMC Appendix E.1: a latent field x ~ N(0, (beta (I - alpha A))^{-1}) on a d x d
-    grid, counts y_k ~ Poisson(exp(x_k)), and the cells split into spatial blocks.
-
-    ``blocks=(r, c)`` cuts the grid into r x c rectangular blocks (near-equal
-    rows and columns), one worker each (paper: 4 workers on a 4 x 4 grid,
-    Figure 6). Returns ``(federation, cells, field)``: the federation has one
-    client per block holding its cells ``{"index": (n,) int32, "count": (n,) float32}``
-    (model ``fm.models.lgcp(d, alpha=alpha, beta=beta)``), ``cells`` is the
-    same for the whole grid plus ``"block"`` ids, and ``field`` the true x.
-    """
-    from .cox import lgcp as build
-
-    rng = _rng(seed)
-    d = positive_int(grid_size, "grid_size")
-    rows, cols = (positive_int(b, "blocks") for b in blocks)
-    if rows > d or cols > d:
-        raise ValueError(f"blocks={tuple(blocks)} has more blocks per side than the grid size {d}")
-    precision = build(d, alpha=alpha, beta=beta).attributes["prior_precision"]
-    chol = np.linalg.cholesky(precision)
-    field = np.linalg.solve(chol.T, rng.standard_normal(d * d))
-    counts = rng.poisson(np.exp(field)).astype(np.float32)
-    i, j = np.divmod(np.arange(d * d), d)
-    row_block = np.searchsorted(np.cumsum([len(a) for a in np.array_split(np.arange(d), rows)]), i, "right")
-    col_block = np.searchsorted(np.cumsum([len(a) for a in np.array_split(np.arange(d), cols)]), j, "right")
-    block = (row_block * cols + col_block).astype(np.int32)
-    cells = {"index": np.arange(d * d, dtype=np.int32), "count": counts}
-    from ..partition import by_key
-
-    federation = by_key(cells, block)
-    cells = dict(cells, block=block)
-    return federation, cells, field
