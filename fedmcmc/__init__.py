@@ -5,7 +5,7 @@
 ...                    num_samples=1000)
 """
 
-from . import diagnostics, surrogates
+from . import datasets, diagnostics, models, partition, surrogates
 from .api import sample
 from .decentralised import DULA, GTDULA
 from .federation import Federation
@@ -31,4 +31,7 @@ __all__ = [
     "surrogates",
     "diagnostics",
     "reference_posterior",
+    "models",
+    "datasets",
+    "partition",
 ]
