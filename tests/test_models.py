@@ -345,3 +345,19 @@ def test_predictive_log_likelihood():
     assert np.isfinite(flat)
     with pytest.raises(ValueError, match="method"):
         models.predictive_log_likelihood(model, draws, data, method="median")
+
+
+def test_zoo_model_samples_with_fm_sample():
+    """Integration: a zoo model and a paper generator run through fm.sample as they are."""
+    import fedmcmc as fm
+
+    fed = fm.partition.delayed_communication_data(0)
+    model = fm.models.get("gaussian_mean", dim=2)
+    mean, cov = model.attributes["exact_posterior"](fed)
+    result = fm.sample(
+        model, fed, algorithm=fm.FSGLD(step_size=1e-4, batch_size=10, local_steps=20, surrogate="exact"),
+        init=model.attributes["init"](), num_samples=200, burn_in=50, thin=10, chains=2, seed=0,
+        progress=False,
+    )
+    draws = np.asarray(result.samples).reshape(-1, 2)
+    assert np.abs(draws.mean(0) - mean).max() < 5 * np.sqrt(cov.diagonal().max())
