@@ -361,3 +361,18 @@ def test_zoo_model_samples_with_fm_sample():
     )
     draws = np.asarray(result.samples).reshape(-1, 2)
     assert np.abs(draws.mean(0) - mean).max() < 5 * np.sqrt(cov.diagonal().max())
+
+
+def test_data_generators_match_the_models():
+    for name in models.names():
+        generate = models.data_generator(name)
+        if generate is None:
+            continue
+        params = {"dim": 3} if name != "bernoulli" else {}
+        model = models.get(name, **params)
+        data = generate(params, num_examples=20, seed=1)
+        values = model.log_likelihood_per_example(model.attributes["init"](), data)
+        assert values.shape == (20,) and np.all(np.isfinite(np.asarray(values))), name
+    with pytest.raises(ValueError, match="unknown"):
+        models.data_generator("nope")
+    assert models.data_generator("lenet5") is None

@@ -82,6 +82,59 @@ def get(name: str, **kwargs) -> Model:
         raise ValueError(f"model {name!r}: bad arguments {sorted(kwargs)} ({error})") from error
 
 
+def _gaussian_mean_data(model_params, num_examples=1000, mean=1.0, seed=0):
+    import numpy as np
+
+    from ._common import as_matrix, as_vector
+    from .synthetic import _rng
+
+    dim = int(model_params.get("dim", 2))
+    cov = as_matrix(model_params.get("noise_cov", 1.0), dim, "noise_cov")
+    rng = _rng(seed)
+    x = rng.multivariate_normal(as_vector(mean, dim, "mean"), cov, size=int(num_examples))
+    return x.astype(np.float32)
+
+
+def _bernoulli_data(model_params, num_examples=100, p=0.3, seed=0):
+    import numpy as np
+
+    from .synthetic import _rng
+
+    return (_rng(seed).random(int(num_examples)) < float(p)).astype(np.float32)
+
+
+def _regression_data(generator):
+    def generate(model_params, num_examples=1000, seed=0, **kwargs):
+        dim = int(model_params.get("dim", 3))
+        if "noise_std" in model_params and generator is synthetic.linear_regression_data:
+            kwargs.setdefault("noise_std", model_params["noise_std"])
+        return generator(int(num_examples), dim, seed=seed, **kwargs)[0]
+
+    return generate
+
+
+_GENERATORS = {
+    "gaussian_mean": _gaussian_mean_data,
+    "bernoulli": _bernoulli_data,
+    "linear_regression": _regression_data(synthetic.linear_regression_data),
+    "logistic_regression": _regression_data(synthetic.logistic_regression_data),
+    "poisson_regression": _regression_data(synthetic.poisson_regression_data),
+}
+
+
+def data_generator(name: str):
+    """A synthetic data generator for the zoo model ``name``, or ``None`` if it has none:
+    ``generate(model_params, num_examples=..., seed=..., **options) -> data pytree`` in the
+    model's example layout (``model_params``: the builder's keyword arguments, e.g. ``dim``).
+
+    gaussian_mean: rows N(mean, noise_cov) (``mean`` default 1); bernoulli: coin tosses
+    with probability ``p``; linear / logistic / Poisson regression: the
+    :mod:`fedmcmc.models.synthetic` generators (first column of x is 1, an intercept).
+    """
+    builder(name)  # unknown names raise ValueError
+    return _GENERATORS.get(name)
+
+
 def register(name: str, build: Callable[..., Model], *, overwrite: bool = False) -> None:
     """Add a builder to the registry (``overwrite=True`` to replace one)."""
     if not isinstance(name, str) or not name:
@@ -98,6 +151,7 @@ __all__ = [
     "names",
     "builder",
     "register",
+    "data_generator",
     "gaussian_mean",
     "gaussian_mean_posterior",
     "bernoulli",
