@@ -46,7 +46,8 @@ Why these stand-ins (the originals ship in no installable package here):
 Standardisation: FSGLD F.1 "normalizes" its regression data; with
 ``standardize=True`` (default) features, and regression targets, are centred
 and scaled to unit variance over the whole data set; classification labels are
-integers 0..C-1. Use :func:`train_test_split` for the paper's 80/20 split.
+integers 0..C-1. Use :func:`train_test_split` for the paper's 80/20 split and
+:func:`balanced_holdout` for FSGLD 5.3's balanced evaluation shard.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ __all__ = [
     "diamonds",
     "diabetes",
     "train_test_split",
+    "balanced_holdout",
     "standardize",
 ]
 
@@ -135,6 +137,33 @@ def train_test_split(
         raise ValueError(f"test_fraction={test_fraction} leaves an empty train or test set")
     test, train = order[:num_test], order[num_test:]
     return x[train], y[train], x[test], y[test]
+
+
+def balanced_holdout(x: np.ndarray, y: np.ndarray, size: int, *, seed: Any = 0):
+    """Hold out ``size`` rows with equal counts of every label (FSGLD 5.3: "an additional
+    balanced shard for evaluation"); returns ``(x_rest, y_rest, x_holdout, y_holdout)``.
+    ``size`` must be a multiple of the number of classes that every class can serve."""
+    from .partition import _rng
+
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y have different numbers of rows ({x.shape[0]} vs {y.shape[0]})")
+    classes, counts = np.unique(y, return_counts=True)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < classes.size:
+        raise ValueError(f"size must be an integer of at least {classes.size} (one per class), got {size!r}")
+    if size % classes.size:
+        raise ValueError(f"size={size} is not a multiple of the {classes.size} classes")
+    per_class = size // classes.size
+    if per_class > counts.min():
+        raise ValueError(f"size={size}: the rarest class has only {counts.min()} rows, {per_class} needed")
+    rng = _rng(seed)
+    held = np.concatenate(
+        [rng.permutation(np.flatnonzero(y == c))[:per_class] for c in classes]
+    )
+    held = rng.permutation(held)
+    rest = np.setdiff1d(np.arange(x.shape[0]), held)
+    return x[rest], y[rest], x[held], y[held]
 
 
 def _regression(name, frame, target, package, note, standardize_data, log_target=False):

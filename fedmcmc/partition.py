@@ -381,6 +381,10 @@ def beta_proportions(
     values = np.unique(y)
     if values.size > 2:
         raise ValueError(f"labels must be binary for beta_proportions, got {values.size} distinct values")
+    if not np.any(y == positive) and values.size == 2:
+        raise ValueError(
+            f"positive={positive!r} is not one of the label values {values.tolist()}"
+        )
     is_positive = y == positive
     positives = rng.permutation(np.flatnonzero(is_positive))
     negatives = rng.permutation(np.flatnonzero(~is_positive))

@@ -105,3 +105,16 @@ def test_train_test_split_and_standardize():
     z = datasets.standardize(np.column_stack([x[:, 0], np.ones(50)]))
     np.testing.assert_allclose(z[:, 0].std(), 1.0)
     np.testing.assert_allclose(z[:, 1], 0.0)
+
+
+def test_balanced_holdout():
+    y = np.array([0] * 70 + [1] * 30)
+    x = np.arange(100)
+    x_rest, y_rest, x_held, y_held = datasets.balanced_holdout(x, y, 40, seed=0)
+    assert np.bincount(y_held).tolist() == [20, 20]
+    assert sorted(np.concatenate([x_rest, x_held]).tolist()) == list(range(100))
+    np.testing.assert_array_equal(y[x_held], y_held)
+    with pytest.raises(ValueError, match="size"):
+        datasets.balanced_holdout(x, y, 41)
+    with pytest.raises(ValueError, match="size"):
+        datasets.balanced_holdout(x, y, 80)

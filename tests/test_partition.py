@@ -254,3 +254,12 @@ def test_delayed_communication_data():
         assert np.linalg.norm(client.mean(axis=0) - mu) < 0.35  # sd of the mean ~0.1 per axis
     again = fedmcmc.models.delayed_communication_data(0)
     np.testing.assert_array_equal(again[3], fed[3])
+
+
+def test_beta_proportions_positive_must_be_a_label():
+    data = {"x": np.zeros((10, 1))}
+    labels = np.array(["a", "b"] * 5)
+    with pytest.raises(ValueError, match="positive"):
+        partition.beta_proportions(data, labels, 2, 1, 1)
+    fed = partition.beta_proportions(data, labels, 2, 1, 1, positive="a")
+    assert fed.num_clients == 2
