@@ -9,15 +9,18 @@ row of a client's data pytree). Common ``model.attributes``:
                       vector, where the posterior is known (Gaussian mean,
                       Bernoulli, linear regression); ``data`` is the pooled
                       pytree or an ``fm.Federation``.
-PDMP bounds, in the convention of :mod:`fedmcmc.pdmp.bounds`:
-``"hessian_bound"`` (``example -> (d, d)`` elementwise bound on the Hessian of
--log p(example | theta)), ``"prior_hessian_bound"`` and ``"quadratic_potential"``
-(Gaussian mean, linear and logistic regression). ``ar1_student_t`` and ``lgcp``
-are the PDMP family's models (:mod:`fedmcmc.pdmp.models`) under zoo names.
 ``"predict"``/``"apply"``  predictions / logits for a batch of inputs.
 
+PDMP bounds, in the convention of :mod:`fedmcmc.pdmp.bounds`: ``"hessian_bound"``
+(``example -> (d, d)``, an elementwise bound on the Hessian of
+-log p(example | theta); Gaussian mean, linear and logistic regression),
+``"prior_hessian_bound"`` and ``"quadratic_potential"`` (Gaussian mean, linear
+regression). ``ar1_student_t`` and ``lgcp`` are the PDMP family's models
+(:mod:`fedmcmc.pdmp.models`, with their bounds) under zoo names.
+
 Registry, for configuration files: :func:`get` ``(name, **kwargs)`` builds a
-model by name, :func:`names` lists them. Paper data generators are in
+model by name, :func:`names` lists them, :func:`data_generator` gives a
+synthetic data generator where one fits. Paper data generators are in
 :mod:`fedmcmc.models.synthetic`; :func:`predictive_log_likelihood` reports
 train/test log-likelihoods from draws.
 """
