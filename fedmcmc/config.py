@@ -511,6 +511,10 @@ def _cast(tree, dtype):
     return jax.tree_util.tree_map(cast, tree)
 
 
+#: names in fedmcmc.partition.__all__ that are not splits of one data set
+_NOT_PARTITIONS = {"from_indices", "delayed_communication_data"}
+
+
 def _partition(data, section: PartitionSection):
     from .federation import Federation
 
@@ -519,15 +523,18 @@ def _partition(data, section: PartitionSection):
     except ImportError:
         module = None
     weights = section.weights
-    function = getattr(module, section.method, None) if module is not None else None
-    if function is None or section.method.startswith("_") or not callable(function):
+    allowed = [n for n in getattr(module, "__all__", []) if n not in _NOT_PARTITIONS] if module else []
+    function = getattr(module, section.method, None) if section.method in allowed else None
+    if function is None or not callable(function):
         if section.method != "iid":
-            available = sorted(getattr(module, "__all__", [])) if module is not None else ["iid"]
+            available = sorted(allowed) if module is not None else ["iid"]
             raise ConfigError(
                 f"partition.method: unknown partition {section.method!r}; available: "
                 f"{', '.join(available)}"
             )
         # Minimal fallback: a seeded random split into near-equal clients.
+        if section.num_clients is None:
+            raise ConfigError("partition.num_clients: required by the iid partition")
         n = int(np.asarray(__import__("jax").tree_util.tree_leaves(data)[0]).shape[0])
         if section.num_clients > n:
             raise ConfigError(f"partition.num_clients={section.num_clients} exceeds the {n} examples")
@@ -539,30 +546,62 @@ def _partition(data, section: PartitionSection):
         if weights == "uniform":
             weights = [1.0 / len(clients)] * len(clients)
         return Federation(clients, weights=weights)
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        parameters = {}
     kwargs = dict(section.options)
-    kwargs.setdefault("seed", section.seed)
+    if "seed" in parameters:
+        kwargs.setdefault("seed", section.seed)
     if weights is not None:
         kwargs["weights"] = weights
-    try:
+    if "num_clients" in parameters:
         if section.num_clients is not None:
-            return function(data, section.num_clients, **kwargs)
+            kwargs["num_clients"] = section.num_clients
+    elif "num_clients" in section.model_fields_set and section.num_clients is not None:
+        raise ConfigError(
+            f"partition.num_clients: partition method {section.method!r} does not take "
+            "num_clients (the number of clients follows from its options)"
+        )
+    try:
         return function(data, **kwargs)
     except TypeError as error:
-        raise ConfigError(f"partition: {section.method}: {error}") from None
+        raise ConfigError(f"partition ({section.method}): {error}") from None
     except ValueError as error:
-        raise ConfigError(f"partition: {error}") from None
+        raise ConfigError(f"partition ({section.method}): {error}") from None
 
 
 def _init_from(value):
+    """Initial parameters from a config value or a model's ``init`` (a pytree or ``key -> params``).
+
+    Lists of numbers are arrays (``[0.0, 1.0]`` is one leaf of shape (2,)); dicts map names
+    to leaves; floating-point leaves become float32 like the rest of the library.
+    """
     import jax
     import jax.numpy as jnp
 
     if callable(value):
         value = value(jax.random.key(0))
-    return jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype=jnp.float32)
-                                  if np.issubdtype(np.asarray(leaf).dtype, np.floating)
-                                  or np.issubdtype(np.asarray(leaf).dtype, np.integer)
-                                  else leaf, value)
+
+    def convert(node):
+        if isinstance(node, dict):
+            return {k: convert(v) for k, v in node.items()}
+        if isinstance(node, (list, tuple)) and not all(
+            isinstance(x, (int, float, list, tuple)) and not isinstance(x, bool) for x in node
+        ):
+            return type(node)(convert(v) for v in node)
+        array = jnp.asarray(node)
+        if jnp.issubdtype(array.dtype, jnp.integer) or jnp.issubdtype(array.dtype, jnp.floating):
+            array = array.astype(jnp.float32)
+        return array
+
+    if isinstance(value, (dict, list, tuple, int, float)) and not isinstance(value, bool):
+        return convert(value)
+    return jax.tree_util.tree_map(
+        lambda leaf: jnp.asarray(leaf, dtype=jnp.float32)
+        if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating) else leaf,
+        value,
+    )
 
 
 def build_experiment(config: ExperimentConfig) -> Experiment:

@@ -79,6 +79,19 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def flat_draws(result) -> np.ndarray:
+    """``result``'s draws as (chains, draws, dim), also when it has no draws
+    (``Result.flat_samples`` cannot reshape an empty array)."""
+    import jax
+
+    leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(result.samples)]
+    chains, draws = leaves[0].shape[:2]
+    return np.concatenate(
+        [leaf.reshape(chains, draws, int(np.prod(leaf.shape[2:], dtype=int))) for leaf in leaves],
+        axis=-1,
+    )
+
+
 def _finite_draws(flat: np.ndarray) -> np.ndarray:
     """Pooled (n, dim) draws without non-finite rows."""
     pooled = flat.reshape(-1, flat.shape[-1])
@@ -125,7 +138,7 @@ def summarise(results: Dict[str, Any], reference, names: List[str], config, stat
     """Numbers of the report, per algorithm label (plain JSON types)."""
     out: Dict[str, Any] = {}
     for label, result in results.items():
-        flat = np.asarray(result.flat_samples(), dtype=np.float64)
+        flat = flat_draws(result).astype(np.float64)
         chains, kept, dim = flat.shape
         info = result.info
         entry: Dict[str, Any] = {
@@ -182,7 +195,7 @@ def plot_traces(results, names, path: Path, coordinates: int = 4) -> Path:
     fig, axes = plt.subplots(len(labels), dim, figsize=(3.6 * dim, 2.4 * len(labels)),
                              squeeze=False, constrained_layout=True)
     for row, label in enumerate(labels):
-        flat = np.asarray(results[label].flat_samples())
+        flat = flat_draws(results[label])
         for col in range(dim):
             ax = axes[row, col]
             for chain in range(flat.shape[0]):
@@ -209,7 +222,7 @@ def plot_marginals(results, reference, names, path: Path, coordinates: int = 6) 
                              constrained_layout=True)
     for i in range(dim):
         ax = axes[i // cols, i % cols]
-        samples = {label: _finite_draws(np.asarray(r.flat_samples()))[:, i] for label, r in results.items()}
+        samples = {label: _finite_draws(flat_draws(r))[:, i] for label, r in results.items()}
         pieces = [v for v in samples.values() if v.size > 1]
         if reference is not None:
             pieces.append(reference.draws[:, i])
@@ -399,7 +412,7 @@ def write_report(out_dir: Path, *, config, experiment, results, reference, summa
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     written: Dict[str, Path] = {}
-    nonempty = {k: r for k, r in results.items() if np.asarray(r.flat_samples()).shape[1] > 0}
+    nonempty = {k: r for k, r in results.items() if flat_draws(r).shape[1] > 0}
     if nonempty:
         written["traces"] = plot_traces(nonempty, names, plots_dir / "traces.png",
                                         config.report.trace_coordinates)

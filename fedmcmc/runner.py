@@ -132,7 +132,7 @@ def run_experiment(
     import fedmcmc as fm
 
     from .checkpoint import Checkpointer, load_checkpoint
-    from .report import coordinate_names, json_safe, summarise, write_report
+    from .report import coordinate_names, flat_draws, json_safe, summarise, write_report
 
     console = _Console(quiet)
     if not isinstance(config, ExperimentConfig):
@@ -250,7 +250,7 @@ def run_experiment(
             # The result of a resumed run holds only its own draws: stitch the checkpointed ones.
             draws, stats = checkpointer.kept()
             if draws is None:
-                draws = np.zeros((config.chains, 0, int(result.flat_samples().shape[-1])))
+                draws = np.zeros((config.chains, 0, int(flat_draws(result).shape[-1])))
             info["wall_time"] = wall_before + float(info.get("wall_time") or 0.0)
             info["draws_kept"] = int(draws.shape[1])
             if previous is not None:
@@ -274,10 +274,10 @@ def run_experiment(
         )
         if status[label] != "interrupted":
             # Finished: store draws and figures so --resume does not rerun it.
-            checkpointer.draws = [np.asarray(result.flat_samples())]
+            checkpointer.draws = [flat_draws(result)]
             checkpointer.stats = [{k: np.asarray(v) for k, v in result.sample_stats.items()}]
             checkpointer.first_index = config.burn_in
-            checkpointer.draws_done = config.burn_in + int(np.asarray(result.flat_samples()).shape[1])
+            checkpointer.draws_done = config.burn_in + int(flat_draws(result).shape[1])
             if checkpointer.states is None:
                 checkpointer.states = [np.zeros(0)]
                 checkpointer.meta["no_states"] = True
@@ -287,7 +287,7 @@ def run_experiment(
         _save_netcdf(result, out_dir / "draws" / f"{label}.nc")
         if run_interrupted:
             interrupted = True
-            message = (f"{label}: interrupted after {int(np.asarray(result.flat_samples()).shape[1])} "
+            message = (f"{label}: interrupted after {int(flat_draws(result).shape[1])} "
                        "kept draws; the draws so far are saved")
             if resumable:
                 message += "; continue with --resume"

@@ -64,10 +64,9 @@ def nc_draws(path):
     import arviz as az
 
     data = az.from_netcdf(str(path))
-    names = list(data.posterior.data_vars)
+    arrays = [np.asarray(data.posterior[n]) for n in data.posterior.data_vars]
     return np.concatenate(
-        [np.asarray(data.posterior[n]).reshape(*np.asarray(data.posterior[n]).shape[:2], -1) for n in names],
-        axis=-1,
+        [a.reshape(*a.shape[:2], int(np.prod(a.shape[2:], dtype=int))) for a in arrays], axis=-1
     )
 
 
@@ -324,3 +323,28 @@ def test_trajectory_plot_from_a_pdmp_skeleton(tmp_path):
     assert path is not None and matplotlib.image.imread(path)[..., :3].std() > 0.05
     plain = fm.Result(samples=np.zeros((2, 10, 2)), info={}, algorithm="SGLD")
     assert plot_trajectories({"sgld": plain}, ["x[0]", "x[1]"], tmp_path / "none.png") is None
+
+
+def test_csv_columns_zoo_model_and_labelled_partition(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 2))
+    y = (x[:, 0] > 0).astype(float)
+    lines = ["a,b,label"] + [f"{p},{q},{l}" for (p, q), l in zip(x, y)]
+    (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
+    config = parse_config(
+        small_config(
+            model={"name": "logistic_regression", "params": {"dim": 2}},
+            data={"path": "rows.csv", "columns": {"x": ["a", "b"], "y": "label"}},
+            partition={"method": "dirichlet", "num_clients": 4, "options": {"labels": "y", "alpha": 5.0}},
+            init=[0.5, -0.5],
+        ),
+        base_dir=tmp_path,
+    )
+    experiment = build_experiment(config)
+    assert experiment.federation.num_clients == 4 and experiment.federation.total_size == 200
+    np.testing.assert_allclose(experiment.federation.pooled()["x"][:, 0].sum(), x[:, 0].sum(), rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(experiment.init), [0.5, -0.5])
+    bad = parse_config(small_config(data={"path": "rows.csv", "columns": {"x": ["a", "zz"]}}),
+                       base_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"data.columns.x: column 'zz'"):
+        build_experiment(bad)
