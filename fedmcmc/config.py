@@ -169,6 +169,15 @@ class ExperimentConfig(_Strict):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     report: ReportSection = Field(default_factory=ReportSection)
 
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value):
+        from .api import ENGINES
+
+        if value not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _unique_labels(self):
         seen = {}
@@ -634,8 +643,10 @@ def build_experiment(config: ExperimentConfig) -> Experiment:
         module_name, _, function_name = name.partition(":")
         try:
             module = importlib.import_module(module_name)
-        except ImportError as error:
-            raise ConfigError(f"model.name: cannot import {module_name!r} ({error})") from None
+        except Exception as error:  # noqa: BLE001 - ImportError, or an error inside the module
+            raise ConfigError(
+                f"model.name: cannot import {module_name!r} ({type(error).__name__}: {error})"
+            ) from None
         factory = getattr(module, function_name, None)
         if not callable(factory):
             raise ConfigError(f"model.name: {module_name!r} has no function {function_name!r}")

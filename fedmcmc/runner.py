@@ -236,6 +236,11 @@ def run_experiment(
         except fm.SamplingDivergedError as error:
             result = error.result
             diverged_message = str(error)
+            if result is None:  # a family that kept no draws: record the failure, go on
+                status[label] = "diverged"
+                notes.append(f"{label}: {diverged_message} (no draws kept)")
+                console.warn(diverged_message)
+                continue
         except KeyboardInterrupt:
             # Ctrl-C outside the sampling loop (compilation, surrogate fitting): save what exists.
             if resumable and checkpointer.states is not None:

@@ -150,6 +150,7 @@ def test_pngs_render(finished_run):
         ({"thin": "two"}, "thin"),
         ({"algorithms": []}, "algorithms"),
         ({"reference": {"method": "magic"}}, "reference.method"),
+        ({"engine": "mpi"}, "engine: Value error, engine must be one of local, ray"),
         ({"partition": {"method": "iid", "num_clients": 3, "colour": 1}}, "partition.colour"),
     ],
 )
