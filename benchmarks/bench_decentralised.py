@@ -1,0 +1,154 @@
+"""Per-iteration time of DULA / GT-DULA: fedmcmc's compiled kernels against a NumPy loop
+over agents in the style of the public DULA code (one optimiser step per agent, agent
+by agent, neighbours summed in Python).
+
+Logistic regression, d = 20 parameters, ``--rows`` examples per agent, ring graph,
+full-batch local gradients; n = 10, 100, 1000 agents. Both sides run the same
+iteration (equations (3) and (7)-(8)); the ratios are measured in the same run.
+
+    python benchmarks/bench_decentralised.py            # n = 10, 100, 1000
+    python benchmarks/bench_decentralised.py --quick    # n = 10, 100, fewer repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedmcmc as fm
+from fedmcmc.decentralised import graphs, kernels
+from fedmcmc.langevin.schedules import constant
+
+DIM = 20
+ALPHA, BETA, GAMMA = 1e-4, 0.3, 0.3
+
+
+def make_problem(n: int, rows: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    w_true = rng.normal(size=DIM) / np.sqrt(DIM)
+    clients = []
+    for i in range(n):
+        x = rng.normal(loc=0.3 * np.sin(i), size=(rows, DIM)).astype(np.float32)
+        y = (rng.uniform(size=rows) < 1 / (1 + np.exp(-x @ w_true))).astype(np.float32)
+        clients.append({"x": x, "y": y})
+
+    def log_likelihood(w, example):
+        logit = jnp.dot(example["x"], w)
+        return example["y"] * logit - jnp.logaddexp(0.0, logit)
+
+    model = fm.Model(log_prior=lambda w: -0.5 * jnp.sum(w**2), log_likelihood=log_likelihood)
+    return model, fm.Federation(clients), clients
+
+
+# ------------------------------------------------------------------ NumPy loop
+class NumpyAgents:
+    """Agent-by-agent DULA / GT-DULA, as the public DULA code does it with one
+    optimiser per agent."""
+
+    def __init__(self, clients, graph, tracking: bool, seed: int = 0):
+        self.n = len(clients)
+        self.clients = clients
+        self.neighbours = [list(graph.neighbors(i)) for i in range(self.n)]
+        self.rng = np.random.default_rng(seed)
+        self.w = [np.zeros(DIM, np.float32) for _ in range(self.n)]
+        self.tracking = tracking
+        if tracking:
+            self.g = [self.gradient(i, self.w[i]) for i in range(self.n)]
+            self.d = [g.copy() for g in self.g]
+
+    def gradient(self, i, w):
+        """grad E_i = -grad log p(X_i|w) - (1/n) grad log p(w)."""
+        x, y = self.clients[i]["x"], self.clients[i]["y"]
+        p = 1.0 / (1.0 + np.exp(-(x @ w)))
+        return -(x.T @ (y - p)) + w / self.n
+
+    def step(self):
+        n, w = self.n, self.w
+        scale = np.sqrt(2 * ALPHA * n)
+        new_w = []
+        for i in range(n):
+            consensus = sum(w[i] - w[j] for j in self.neighbours[i])
+            direction = self.d[i] if self.tracking else self.gradient(i, w[i])
+            noise = self.rng.standard_normal(DIM).astype(np.float32)
+            new_w.append(w[i] - BETA * consensus - ALPHA * n * direction + scale * noise)
+        if self.tracking:
+            new_g = [self.gradient(i, new_w[i]) for i in range(n)]
+            new_d = []
+            for i in range(n):
+                mixing = sum(self.d[i] - self.d[j] for j in self.neighbours[i])
+                new_d.append(self.d[i] - GAMMA * mixing + new_g[i] - self.g[i])
+            self.g, self.d = new_g, new_d
+        self.w = new_w
+
+
+def time_numpy(clients, graph, tracking, seconds):
+    agents = NumpyAgents(clients, graph, tracking)
+    agents.step()
+    iterations, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds or iterations < 2:
+        agents.step()
+        iterations += 1
+    return (time.perf_counter() - started) / iterations
+
+
+# ----------------------------------------------------------------- fedmcmc
+def time_jax(model, fed, topo, tracking, iterations, repeats):
+    init = jnp.zeros(DIM)
+    flat = model.flatten(init)
+    local = kernels.local_gradient_fn(flat, fed.padded(), None)
+    n = fed.num_clients
+    if tracking:
+        step = kernels.gtdula_kernel(local, topo.mixer(), BETA, GAMMA, constant(ALPHA), n)
+        state = kernels.gtdula_init(jax.random.key(0), jnp.zeros((n, DIM)), local)
+    else:
+        step = kernels.dula_kernel(local, topo.mixer(), BETA, constant(ALPHA), n)
+        state = kernels.dula_init(jnp.zeros((n, DIM)))
+
+    @jax.jit
+    def run(state, key):
+        return jax.lax.scan(lambda s, k: (step(k, s), None), state, jax.random.split(key, iterations))[0]
+
+    state = run(state, jax.random.key(1))
+    jax.block_until_ready(state)
+    best = np.inf
+    for r in range(repeats):
+        started = time.perf_counter()
+        state = run(state, jax.random.key(2 + r))
+        jax.block_until_ready(state)
+        best = min(best, time.perf_counter() - started)
+    return best / iterations
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, nargs="*", default=None)
+    parser.add_argument("--rows", type=int, default=50, help="examples per agent")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    sizes = args.agents or ([10, 100] if args.quick else [10, 100, 1000])
+    numpy_seconds = 0.5 if args.quick else 2.0
+    repeats = 2 if args.quick else 3
+
+    print(f"logistic regression, d = {DIM}, {args.rows} rows per agent, ring, full-batch gradients")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; times per iteration (all agents)")
+    header = (f"{'algorithm':<8} {'n':>5} {'numpy loop':>12} {'fedmcmc':>10} {'ratio':>7} "
+              f"{'fedmcmc/agent-step':>19} {'numpy/agent-step':>17}")
+    print(header)
+    print("-" * len(header))
+    for tracking, name in [(False, "DULA"), (True, "GT-DULA")]:
+        for n in sizes:
+            model, fed, clients = make_problem(n, args.rows)
+            topo = graphs.topology("ring", n)
+            iterations = max(200, 200_000 // n)
+            t_jax = time_jax(model, fed, topo, tracking, iterations, repeats)
+            t_np = time_numpy(clients, topo.graph, tracking, numpy_seconds)
+            print(f"{name:<8} {n:>5} {t_np * 1e3:>10.3f}ms {t_jax * 1e3:>8.3f}ms {t_np / t_jax:>6.0f}x "
+                  f"{t_jax / n * 1e6:>16.2f}us {t_np / n * 1e6:>15.1f}us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
