@@ -216,11 +216,23 @@ def mmd(x: Any, y: Any, bandwidth: Optional[float] = None, max_points: int = 200
     return float(np.sqrt(max(kxx + kyy - 2.0 * kxy, 0.0)))
 
 
+def _kl_or_none(a: np.ndarray, b: np.ndarray) -> Optional[float]:
+    """KL of Gaussian fits, or None when a fitted covariance is singular (more
+    coordinates than draws)."""
+    if a.shape[0] <= a.shape[1] or b.shape[0] <= b.shape[1]:
+        return None
+    try:
+        value = kl_gaussian_fit(a, b)
+    except (np.linalg.LinAlgError, ValueError):
+        return None
+    return value if np.isfinite(value) else None
+
+
 def compare(x: Any, reference: Any, max_points: int = 1000, seed: int = 0) -> Dict[str, Any]:
     """Every distance between draws ``x`` and ``reference`` draws, as plain Python numbers.
 
     Keys: ``w1_marginal`` (list per coordinate), ``w1_marginal_mean``, ``w1_joint``,
-    ``kl_gaussian``, ``mmd``, ``mean_abs_error`` (max over coordinates of |mean
+    ``kl_gaussian`` (None when a Gaussian fit is singular), ``mmd``, ``mean_abs_error`` (max over coordinates of |mean
     difference|), ``sd_rel_error`` (max over coordinates of |sd_x / sd_ref - 1|).
     """
     a, b = _pair(x, reference)
@@ -230,7 +242,7 @@ def compare(x: Any, reference: Any, max_points: int = 1000, seed: int = 0) -> Di
         "w1_marginal": w1.tolist(),
         "w1_marginal_mean": float(w1.mean()),
         "w1_joint": wasserstein_joint(a, b, max_points=max_points, seed=seed),
-        "kl_gaussian": kl_gaussian_fit(a, b),
+        "kl_gaussian": _kl_or_none(a, b),
         "mmd": mmd(a, b, max_points=max_points, seed=seed),
         "mean_abs_error": float(np.max(np.abs(a.mean(axis=0) - b.mean(axis=0)))),
         "sd_rel_error": float(np.max(np.abs(a.std(axis=0) / np.where(sd_ref > 0, sd_ref, 1.0) - 1.0))),

@@ -497,7 +497,9 @@ def write_report(out_dir: Path, *, config, experiment, results, reference, summa
         "traces": "Traces of the first coordinates, every chain (x: kept draw index; y: parameter value).",
         "marginals": "Marginal densities of each algorithm against the reference posterior (dashed).",
         "convergence": ("Mean marginal W1 to the reference of the first k draws, against draws, "
-                        "communication rounds and floats communicated (log-log)."),
+                        "communication rounds and floats communicated (log-log). Rounds at draw k "
+                        "as recorded per draw when the algorithm records them, floats pro rata "
+                        "by draws made."),
         "trajectory": "A stretch of the PDMP skeleton trajectory of the first chain.",
     }
     for key in ("traces", "marginals", "convergence", "trajectory"):
