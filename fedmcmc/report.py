@@ -438,10 +438,15 @@ def write_report(out_dir: Path, *, config, experiment, results, reference, summa
             f", {reference.info.get('chains')} chains x {reference.info.get('num_samples')} draws, "
             f"divergences {reference.info.get('divergences')}, max R-hat {_fmt(reference.info.get('max_rhat'))}"
         )
+        half = reference.draws.shape[0] // 2
+        floor = float(np.mean(diagnostics.wasserstein_marginal(
+            reference.draws[:half], reference.draws[half:]))) if half >= 2 else None
         blocks.append(("p", (
             f"Reference posterior: {reference.method} on the pooled data "
             f"({reference.draws.shape[0]} draws{extra}"
-            f"{', read from cache' if reference.from_cache else ''})."
+            f"{', read from cache' if reference.from_cache else ''}). Noise floor of the "
+            f"distances: the mean marginal W1 between the two halves of the reference draws is "
+            f"{_fmt(floor)}."
         )))
     else:
         blocks.append(("p", "No reference posterior: distances are not computed."))
