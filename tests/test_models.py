@@ -359,8 +359,11 @@ def test_zoo_model_samples_with_fm_sample():
         init=model.attributes["init"](), num_samples=200, burn_in=50, thin=10, chains=2, seed=0,
         progress=False,
     )
-    draws = np.asarray(result.samples).reshape(-1, 2)
-    assert np.abs(draws.mean(0) - mean).max() < 5 * np.sqrt(cov.diagonal().max())
+    draws = np.asarray(result.samples)
+    assert draws.shape == (2, 200, 2) and np.all(np.isfinite(draws))
+    # Only that the chains reach the posterior region from 0 (|mean| ~ 1.8): the statistical
+    # checks of FSGLD live with the Langevin family (its minibatch noise here is large).
+    assert np.abs(draws.reshape(-1, 2).mean(0) - mean).max() < 1.0
 
 
 def test_data_generators_match_the_models():
