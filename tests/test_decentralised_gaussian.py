@@ -126,6 +126,19 @@ def test_gt_dula_asymptotic_kl_below_dula(problem):
         assert dula.kl > 0 and gt.kl > 0
 
 
+def test_kl_trajectory_converges_to_the_stationary_kl(problem):
+    """Figure 1(a)'s analytical curves: KL of w_bar_k from the moment recursion."""
+    _, _, quad, lap = problem
+    curves = {}
+    for gamma in (None, BETA):
+        ks, kl = diagnostics.kl_trajectory(quad, lap, ALPHA, BETA, gamma, iterations=4000, every=100)
+        stationary = diagnostics.stationary_distribution(quad, lap, ALPHA, BETA, gamma).kl
+        assert kl[-1] == pytest.approx(stationary, rel=1e-3)
+        assert np.all(np.diff(kl[1:]) <= 1e-12)  # from a point mass at 0 the KL only falls here
+        curves[gamma] = kl
+    assert np.all(curves[BETA][-10:] < curves[None][-10:])
+
+
 def test_reducing_alpha_oracle(problem):
     """Figure 1(d): E||d - 1 (x) u_bar||^2 is O(alpha) for GT-DULA and O(1) for DULA."""
     _, _, quad, lap = problem

@@ -181,6 +181,11 @@ def test_result_layout(algorithm):
     ce = ((agents["w"] - agents["w"].mean(2, keepdims=True)) ** 2).sum((2, 3))
     ce += ((agents["b"] - agents["b"].mean(2, keepdims=True)) ** 2).sum((2, 3))
     np.testing.assert_allclose(result.sample_stats["consensus_error"], ce / n, rtol=1e-3, atol=1e-8)
+    from fedmcmc.decentralised import diagnostics
+
+    flat_agents = np.concatenate([agents["b"], agents["w"]], axis=-1)
+    np.testing.assert_allclose(diagnostics.consensus_error(flat_agents), ce / n, rtol=1e-6)
+    np.testing.assert_array_equal(diagnostics.agent_draws(result, 2)["w"], agents["w"][:, :, 2])
     info = result.info
     assert info["n_agents"] == n and info["iterations"] == 35 * 3 and info["dim"] == 4
     per_message = 4 * (2 if algorithm.name == "GTDULA" else 1)

@@ -37,6 +37,7 @@ __all__ = [
     "StationaryDistribution",
     "stationary_distribution",
     "gaussian_kl",
+    "kl_trajectory",
 ]
 
 
@@ -173,6 +174,42 @@ def _orthonormal_complement_of_ones(n: int) -> np.ndarray:
     return q[:, 1:]
 
 
+def _recursion(problem: QuadraticProblem, laplacian: np.ndarray, step_size: float, beta: float,
+               gamma: Optional[float]):
+    """(F, c, Q, nd) of the full-batch recursion z_{k+1} = F z_k + c + noise, noise ~ N(0, Q)."""
+    A_blocks, b_blocks = np.asarray(problem.A, np.float64), np.asarray(problem.b, np.float64)
+    n, dim = problem.n, problem.dim
+    lap = np.asarray(laplacian, dtype=np.float64)
+    if lap.shape != (n, n):
+        raise ValueError(f"laplacian has shape {lap.shape}, expected ({n}, {n})")
+    alpha = float(step_size)
+    eye_d = np.eye(dim)
+    A = scipy.linalg.block_diag(*A_blocks)
+    b = b_blocks.reshape(-1)
+    W_beta = np.kron(np.eye(n) - beta * lap, eye_d)
+    L = np.kron(lap, eye_d)
+    nd = n * dim
+    if gamma is None:
+        F = W_beta - alpha * n * A
+        c = alpha * n * b
+        G = np.eye(nd)
+        U = None
+    else:
+        V = _orthonormal_complement_of_ones(n)
+        U = np.kron(V, eye_d)
+        W_gamma = np.kron(np.eye(n) - gamma * lap, eye_d)
+        F = np.block(
+            [
+                [W_beta - alpha * n * A, -alpha * n * U],
+                [-gamma * U.T @ L @ A, U.T @ W_gamma @ U],
+            ]
+        )
+        c = np.concatenate([alpha * n * b, gamma * U.T @ L @ b])
+        G = np.vstack([np.eye(nd), np.zeros((U.shape[1], nd))])
+    Q = G @ (2 * alpha * n * np.eye(nd)) @ G.T
+    return F, c, Q, nd, A, U
+
+
 def stationary_distribution(
     problem: QuadraticProblem,
     laplacian: np.ndarray,
@@ -196,32 +233,9 @@ def stationary_distribution(
     """
     A_blocks, b_blocks = np.asarray(problem.A, np.float64), np.asarray(problem.b, np.float64)
     n, dim = problem.n, problem.dim
-    lap = np.asarray(laplacian, dtype=np.float64)
-    if lap.shape != (n, n):
-        raise ValueError(f"laplacian has shape {lap.shape}, expected ({n}, {n})")
     alpha = float(step_size)
     eye_d = np.eye(dim)
-    A = scipy.linalg.block_diag(*A_blocks)
-    b = b_blocks.reshape(-1)
-    W_beta = np.kron(np.eye(n) - beta * lap, eye_d)
-    L = np.kron(lap, eye_d)
-    nd = n * dim
-    if gamma is None:
-        F = W_beta - alpha * n * A
-        c = alpha * n * b
-        G = np.eye(nd)
-    else:
-        V = _orthonormal_complement_of_ones(n)
-        U = np.kron(V, eye_d)
-        W_gamma = np.kron(np.eye(n) - gamma * lap, eye_d)
-        F = np.block(
-            [
-                [W_beta - alpha * n * A, -alpha * n * U],
-                [-gamma * U.T @ L @ A, U.T @ W_gamma @ U],
-            ]
-        )
-        c = np.concatenate([alpha * n * b, gamma * U.T @ L @ b])
-        G = np.vstack([np.eye(nd), np.zeros((U.shape[1], nd))])
+    F, c, Q, nd, A, U = _recursion(problem, laplacian, step_size, beta, gamma)
     radius = float(np.max(np.abs(np.linalg.eigvals(F))))
     if not radius < 1:
         raise ValueError(
@@ -230,7 +244,6 @@ def stationary_distribution(
             + f": the recursion is unstable (spectral radius {radius:.6g} >= 1); no stationary law"
         )
     mean = np.linalg.solve(np.eye(F.shape[0]) - F, c)
-    Q = G @ (2 * alpha * n * np.eye(nd)) @ G.T
     cov = scipy.linalg.solve_discrete_lyapunov(F, Q)
     cov = 0.5 * (cov + cov.T)
 
@@ -253,7 +266,7 @@ def stationary_distribution(
     H[:, :nd] = A - np.kron(np.ones((n, 1)), A_bar) @ P[:, :nd]
     if gamma is not None:
         H[:, nd:] = U
-    h = -b + np.kron(np.ones(n), b_bar)
+    h = -b_blocks.reshape(-1) + np.kron(np.ones(n), b_bar)
     grad_err = float(np.trace(H @ cov @ H.T) + np.sum((H @ mean + h) ** 2))
     return StationaryDistribution(
         mean=mean[:nd],
@@ -265,3 +278,43 @@ def stationary_distribution(
         gradient_error_sq=grad_err,
         spectral_radius=radius,
     )
+
+
+def kl_trajectory(
+    problem: QuadraticProblem,
+    laplacian: np.ndarray,
+    step_size: float,
+    beta: float,
+    gamma: Optional[float] = None,
+    init: Optional[np.ndarray] = None,
+    iterations: int = 1000,
+    every: int = 10,
+):
+    """KL(law of w_bar_k || posterior) for k = 0, every, 2 every, ..., ``iterations``: the
+    "analytical" curves of Figure 1(a), from the exact moment recursion
+    m_{k+1} = F m_k + c, S_{k+1} = F S_k F^T + Q, every agent starting at ``init``
+    (default 0) and, for GT-DULA, d_0 = g_hat_0 (e_0 = 0).
+
+    Returns ``(ks, kl)`` arrays.
+    """
+    n, dim = problem.n, problem.dim
+    F, c, Q, nd, _, _ = _recursion(problem, laplacian, step_size, beta, gamma)
+    start = np.zeros(dim) if init is None else np.asarray(init, np.float64).reshape(dim)
+    mean = np.zeros(F.shape[0])
+    mean[:nd] = np.tile(start, n)
+    cov = np.zeros_like(F)
+    P = np.zeros((dim, F.shape[0]))
+    P[:, :nd] = np.kron(np.ones((1, n)) / n, np.eye(dim))
+    post_mean, post_cov = problem.posterior()
+    ks, kls = [], []
+    for k in range(iterations + 1):
+        if k % every == 0:
+            avg_cov = P @ cov @ P.T
+            if k == 0:
+                kls.append(np.inf)  # a point mass
+            else:
+                kls.append(gaussian_kl(P @ mean, avg_cov, post_mean, post_cov))
+            ks.append(k)
+        mean = F @ mean + c
+        cov = F @ cov @ F.T + Q
+    return np.asarray(ks), np.asarray(kls)
