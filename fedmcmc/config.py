@@ -42,7 +42,8 @@ Models are resolved, in order, as
    ``linear_regression``), which also generates data.
 
 Data come from ``data.path`` (relative to the config file), from the model
-factory, or from the built-in generator of the model's name (``data.generate``).
+factory, or are generated (``data.generate``: keyword arguments of the zoo's
+``fedmcmc.models.data_generator(name)``, or of the built-in generator).
 Algorithms are looked up by name on the ``fedmcmc`` namespace at run time, so
 new algorithm classes work without editing this module.
 """
@@ -433,6 +434,19 @@ def _zoo_lookup(name: str):
     return None, names
 
 
+def _zoo_generator(name: str):
+    """The zoo's synthetic data generator for ``name`` (``fedmcmc.models.data_generator``), or None.
+
+    Same signature as the built-ins: ``generate(model_params, num_examples=, seed=, **options)``.
+    """
+    try:
+        zoo = importlib.import_module("fedmcmc.models")
+        lookup = getattr(zoo, "data_generator", None)
+        return lookup(name) if callable(lookup) else None
+    except Exception:  # noqa: BLE001 - no generator: data must come from data.path
+        return None
+
+
 def _call_factory(factory, params: dict, data, field: str):
     kwargs = dict(params)
     if data is not None:
@@ -654,10 +668,14 @@ def build_experiment(config: ExperimentConfig) -> Experiment:
     else:
         factory, zoo_names = _zoo_lookup(name)
         model_source = f"fedmcmc.models:{name}"
+        if factory is not None:
+            generator = _zoo_generator(name)
         if name in BUILTIN_MODELS:
-            builder, generator = BUILTIN_MODELS[name]
+            builder, builtin_generator = BUILTIN_MODELS[name]
+            generator = generator or builtin_generator
             if factory is None:
                 factory, model_source = builder, f"builtin:{name}"
+                generator = builtin_generator
         if factory is None:
             known = sorted(set(zoo_names) | set(BUILTIN_MODELS))
             raise ConfigError(
