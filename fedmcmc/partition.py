@@ -237,6 +237,8 @@ def by_label(
     one more per client (26 letters over 10 clients: 6 clients with 3, 4 with
     2); otherwise each client gets exactly ``classes_per_client`` classes and
     the remaining ``C - num_clients * classes_per_client`` classes are unused.
+
+    Clients are named after their classes (``federation.names``, e.g. ``"classes_3-7"``).
     """
     n = _num_rows(data)
     y = _labels(data, labels, n)
@@ -275,6 +277,7 @@ def by_label(
         indices = [
             rng.permutation(np.flatnonzero(np.isin(y, group))) for group in groups
         ]
+        held = [sorted(group.tolist()) for group in groups]
     else:
         k = classes_per_client
         holders = {c: [] for c in classes.tolist()}
@@ -294,7 +297,11 @@ def by_label(
             for s, chunk in zip(clients, np.array_split(rows, len(clients))):
                 parts[s].append(chunk)
         indices = [rng.permutation(np.concatenate(p)) for p in parts]
-    return from_indices(data, indices, weights=weights, return_indices=return_indices)
+        held = [sorted(c for c, clients in holders.items() if s in clients) for s in range(num_clients)]
+    names = ["classes_" + "-".join(str(c) for c in group) for group in held]
+    return from_indices(
+        data, indices, weights=weights, names=names, return_indices=return_indices
+    )
 
 
 def dirichlet(

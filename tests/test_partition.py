@@ -94,8 +94,9 @@ def test_by_label_k_classes_per_client():
     fed = partition.by_label(data, "y", 6, 2, seed=0)
     check_disjoint(fed, 600)
     assert fed.total_size == 600  # 6 clients x 2 classes cover all 6 classes
-    for client in fed.clients:
+    for client, name in zip(fed.clients, fed.names):
         assert np.unique(client["y"]).size == 2
+        assert name == "classes_" + "-".join(str(c) for c in np.unique(client["y"]))
 
 
 def test_by_label_labels_as_array_and_unused_classes():
