@@ -349,3 +349,36 @@ def test_csv_columns_zoo_model_and_labelled_partition(tmp_path):
                        base_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"data.columns.x: column 'zz'"):
         build_experiment(bad)
+
+
+@pytest.mark.slow
+def test_real_sigint_then_resume(tmp_path):
+    """A real SIGINT to a `fedmcmc run` process: status 130, draws kept, --resume reproduces."""
+    import os
+    import signal
+    import time
+
+    config = small_config(
+        algorithms=[small_config()["algorithms"][1]], num_samples=6000, burn_in=200,
+        checkpoint={"every_chunks": 1, "chunk_size": 100},
+    )
+    path = write(tmp_path, config)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    runner.run_experiment(path, tmp_path / "full", quiet=True)
+    out = tmp_path / "interrupted"
+    process = subprocess.Popen(["fedmcmc", "run", str(path), "--out", str(out), "--quiet"],
+                               env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "dsgld-5.npz").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    partial = nc_draws(out / "draws" / "dsgld-5.nc")
+    assert 0 <= partial.shape[1] < 6000
+    completed = subprocess.run(["fedmcmc", "run", str(path), "--out", str(out), "--quiet", "--resume"],
+                               env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr
+    np.testing.assert_array_equal(nc_draws(out / "draws" / "dsgld-5.nc"),
+                                  nc_draws(tmp_path / "full" / "draws" / "dsgld-5.nc"))
