@@ -1,0 +1,496 @@
+"""Public classes ``FedZigZag``, ``FedBPS``, ``FedBoomerang`` (Fed-PDMC, Bierkens & Duncan 2022).
+
+They resolve the model's rate bounds, place the prior, set the privacy rate,
+build the federated kernel of :mod:`.federated` and run it with
+:func:`fedmcmc.engines.local.run_chains` (one ``draw_step`` = advance one chain
+by ``sample_interval`` units of process time). Trajectories are simulated in
+float64 (``jax.enable_x64``); draws are returned in the dtype of ``init``.
+
+``fm.sample(..., thin=...)`` is ignored by these algorithms: draws are taken
+every ``sample_interval`` units of process time and ``burn_in`` counts draws of
+the same length (``burn_in * sample_interval`` time units are discarded).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..algorithm import (
+    Algorithm,
+    check_nonnegative_float,
+    check_positive_float,
+    check_positive_int,
+)
+from ..engines.local import run_chains
+from ..results import Result, SamplingDivergedError
+from . import federated, privacy as privacy_module
+from .boomerang import BoomerangSpec
+from .bounds import (
+    _as_q_l,
+    auto_worker_bounds,
+    prior_hessian_bounds,
+    whitened_bound,
+    worker_hessian_bounds,
+)
+from .bps import BPSSpec
+from .output import batch_means_ess
+from .setup import federated_newton, worker_gradients
+from .single import make_reference
+from .zigzag import ZigZagSpec
+
+__all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError"]
+
+PRIOR_PLACEMENTS = ("server", "worker", "split")
+BOUNDS = ("auto", "exact", "hessian", "custom", "estimate")
+
+
+class PDMPBoundError(RuntimeError):
+    """A rate bound was exceeded (with ``on_bound_violation='error'``), or the event
+    simulation hit its iteration limit. ``result`` holds the run's draws and info."""
+
+    def __init__(self, message, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class _FedPDMP(Algorithm):
+    spec: Any = None
+    divergence_threshold = 1e10
+
+    def __init__(
+        self,
+        sample_interval,
+        refresh_rate: float,
+        *,
+        excess_rate: float = 0.0,
+        privacy: Optional[tuple] = None,
+        sensitivity: Optional[float] = None,
+        prior: str = "server",
+        bound: str = "auto",
+        on_bound_violation: Optional[str] = None,
+        safety: float = 2.0,
+        control_variates: Any = False,
+        redistribution_rate: float = 0.0,
+        max_thinning: int = 100_000,
+        max_events_per_draw: int = 1_000_000,
+    ):
+        self.sample_interval = check_positive_float(sample_interval, "sample_interval")
+        self.refresh_rate = check_nonnegative_float(refresh_rate, "refresh_rate")
+        self.excess_rate = check_nonnegative_float(excess_rate, "excess_rate")
+        if privacy is not None:
+            if not (isinstance(privacy, (tuple, list)) and len(privacy) == 2):
+                raise ValueError(f"privacy must be a pair (epsilon, delta), got {privacy!r}")
+            if sensitivity is None:
+                raise ValueError("sensitivity (K of Theorem 5.1) is required with privacy=(epsilon, delta)")
+            if self.excess_rate > 0:
+                raise ValueError("excess_rate and privacy both set rho: give only one of them")
+            check_positive_float(privacy[0], "privacy epsilon")
+            eps = float(privacy[0])
+            delta = check_positive_float(privacy[1], "privacy delta")
+            if delta >= 1:
+                raise ValueError(f"privacy delta must be in (0, 1), got {delta!r}")
+            sensitivity = check_positive_float(sensitivity, "sensitivity")
+            self.privacy = (eps, delta)
+            self.sensitivity = sensitivity
+            self.rho = privacy_module.rho_for_privacy(eps, delta, sensitivity)
+        else:
+            if sensitivity is not None:
+                check_positive_float(sensitivity, "sensitivity")
+            self.privacy = None
+            self.sensitivity = sensitivity
+            self.rho = self.excess_rate
+        if prior not in PRIOR_PLACEMENTS:
+            raise ValueError(f"prior must be one of {PRIOR_PLACEMENTS}, got {prior!r}")
+        self.prior = prior
+        if bound not in BOUNDS:
+            raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
+        self.bound = bound
+        if on_bound_violation not in (None, "enlarge", "error"):
+            raise ValueError(
+                f"on_bound_violation must be None, 'enlarge' or 'error', got {on_bound_violation!r}")
+        self.on_bound_violation = on_bound_violation
+        self.safety = check_positive_float(safety, "safety")
+        if self.safety < 1:
+            raise ValueError(f"safety must be >= 1, got {safety!r}")
+        if not (isinstance(control_variates, bool) or np.ndim(control_variates) == 1):
+            raise ValueError("control_variates must be True/False or a reference point (flat vector)")
+        self.control_variates = control_variates
+        self.redistribution_rate = check_nonnegative_float(redistribution_rate, "redistribution_rate")
+        if self.redistribution_rate > 0 and prior != "split":
+            raise ValueError(
+                "redistribution_rate > 0 (Appendix D) redistributes the prior across workers: "
+                "it needs prior='split'")
+        self.max_thinning = check_positive_int(max_thinning, "max_thinning")
+        self.max_events_per_draw = check_positive_int(max_events_per_draw, "max_events_per_draw")
+
+    # ------------------------------------------------------------------ setup
+    def _resolve_bound(self, model, is_zigzag):
+        attrs = model.attributes
+        quadratic = bool(attrs.get("quadratic_potential", False))
+        linear = self.spec.linear
+        mode = self.bound
+        if mode == "auto":
+            if quadratic and linear:
+                mode = "exact"
+            elif attrs.get("hessian_bound") is not None:
+                mode = "hessian"
+            elif attrs.get("zigzag_slope_bound") is not None and is_zigzag:
+                mode = "custom"
+            else:
+                mode = "estimate"
+        if mode == "exact" and not (quadratic and linear):
+            raise ValueError(
+                "bound='exact' needs a model with quadratic_potential=True and linear dynamics "
+                "(Zig-Zag, BPS)")
+        if mode == "hessian" and attrs.get("hessian_bound") is None:
+            raise ValueError("bound='hessian' needs the model attribute hessian_bound")
+        if mode == "custom" and (attrs.get("zigzag_slope_bound") is None or not is_zigzag):
+            raise ValueError("bound='custom' needs FedZigZag and the model attribute zigzag_slope_bound")
+        return mode, quadratic
+
+    def _reference(self, flat_model, padded, theta0, info):
+        return None
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, skeleton=False, init_jitter=0.0, rate_diagnostics=True,
+               chunk_size=None, **options):
+        """Run the sampler (see :func:`fedmcmc.sample`).
+
+        Options: ``skeleton`` (False, True = 10,000 points per chain, or an int buffer size):
+        return the skeleton points (T_k, X_k, V_k) in ``info``; ``init_jitter`` (default 0):
+        chains start at ``init + init_jitter * N(0, I)`` (velocities are always drawn per
+        chain); ``rate_diagnostics`` (default True): record the federated, plain and
+        canonical event rates at every draw (one extra gradient per draw).
+        ``thin`` is ignored (see the module docstring).
+        """
+        if options:
+            raise ValueError(f"unknown options for {self.name}: {sorted(options)}")
+        if skeleton is True:
+            skeleton = 10_000
+        skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
+        init_jitter = check_nonnegative_float(init_jitter, "init_jitter")
+        with jax.enable_x64(True):
+            return self._sample(model, federation, init, num_samples, burn_in, chains, seed,
+                                progress, skeleton_size, init_jitter, bool(rate_diagnostics),
+                                chunk_size)
+
+    def _sample(self, model, federation, init, num_samples, burn_in, chains, seed, progress,
+                skeleton_size, init_jitter, rate_diagnostics, chunk_size):
+        spec = self.spec
+        is_zigzag = spec is ZigZagSpec
+        out_model = model.flatten(init)
+        init64 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, jnp.float64), init)
+        flat_model = model.flatten(init64)
+        theta0 = flat_model.ravel(init64)
+        d = flat_model.dim
+        padded = federation.padded()
+        M = federation.num_clients
+        sizes = np.asarray(federation.sizes, dtype=np.float64)
+        attrs = model.attributes
+        info: dict = {"num_workers": M, "prior_placement": self.prior}
+
+        mode, quadratic = self._resolve_bound(model, is_zigzag)
+        info["bound"] = mode
+        on_violation = self.on_bound_violation or ("error" if mode in ("hessian", "custom") else "enlarge")
+        info["on_bound_violation"] = on_violation
+
+        # Per-worker Hessian bounds of the data potentials.
+        if mode == "hessian":
+            q, l = worker_hessian_bounds(flat_model, padded, attrs["hessian_bound"], d)
+        elif mode == "estimate":
+            q, l = auto_worker_bounds(flat_model, padded, theta0, 1.0 if quadratic else self.safety)
+        else:
+            q, l = np.zeros((M, d, d)), np.zeros(M)
+        q0, l0 = prior_hessian_bounds(flat_model, model, theta0, self.safety,
+                                      auto=(mode == "estimate"))
+
+        reference = self._reference(flat_model, padded, theta0, info)
+        ref_precision = None
+        if reference is not None:
+            lw = np.array([whitened_bound(q[m], l[m], reference.chol) for m in range(M)])
+            lw0 = whitened_bound(q0, l0, reference.chol) + 1.0  # + the reference term (whitened: I)
+            ref_precision = reference.precision
+        else:
+            lw, lw0 = np.zeros(M), 0.0
+
+        def data_grad(x, data_m, mask_m):
+            return -jax.grad(lambda th: flat_model.log_likelihood_sum(th, data_m, mask_m))(x)
+
+        def prior_grad(x):
+            g = -jax.grad(flat_model.log_prior)(x)
+            if ref_precision is not None:
+                g = g - ref_precision @ (x - reference.mean)
+            return g
+
+        # Control variates (Remark 4.3): shift worker m's gradient by
+        # s_m = grad U_m(x*) - w_m grad U(x*); the shifts sum to zero.
+        cv = self.control_variates
+        g_ref = np.zeros((M, d))
+        g_ref0 = np.zeros(d)
+        if cv is not False:
+            if cv is True:
+                x_star, _, rounds = federated_newton(flat_model, padded, theta0)
+                info["control_variate_rounds"] = rounds
+            else:
+                x_star = jnp.asarray(cv, jnp.float64)
+                if x_star.shape != (d,):
+                    raise ValueError(f"control_variates reference point must have shape ({d},)")
+            g_ref = np.asarray(worker_gradients(flat_model, padded, x_star))
+            g_ref0 = np.asarray(prior_grad(x_star))
+            info["control_variate_point"] = np.asarray(x_star).tolist()
+        prior_part = federated.PriorPart(
+            q=jnp.asarray(q0), l=jnp.asarray(l0), lw=jnp.asarray(lw0), g_ref=jnp.asarray(g_ref0),
+            g_total_ref=jnp.asarray(g_ref.sum(axis=0) + g_ref0))
+
+        # Remark 3.1: the coordinates each worker holds.
+        coords = np.ones((M, d))
+        if attrs.get("worker_coordinates") is not None:
+            fn = attrs["worker_coordinates"]
+            per_row = jax.vmap(jax.vmap(fn))(padded.data)
+            coords = np.asarray(jnp.max(per_row * padded.mask[..., None], axis=1) > 0, np.float64)
+        info["coordinates_per_worker"] = coords.sum(axis=1).astype(int).tolist()
+
+        workers = federated.Workers(
+            data=padded.data, mask=jnp.asarray(padded.mask, jnp.float64), coords=jnp.asarray(coords),
+            q=jnp.asarray(q), l=jnp.asarray(l), lw=jnp.asarray(lw),
+            rho=jnp.full((M,), self.rho, jnp.float64),
+            cv_weight=jnp.asarray(sizes / sizes.sum()), g_ref=jnp.asarray(g_ref))
+
+        custom_slope, horizon = None, float("inf")
+        if mode == "custom":
+            fn = attrs["zigzag_slope_bound"]
+            horizon = float(attrs.get("slope_horizon", 0.5))
+
+            def custom_slope(x, v, h, data_m, mask_m):
+                per = jax.vmap(lambda ex: fn(x, v, h, ex))(data_m)
+                return jnp.sum(per * mask_m[:, None], axis=0)
+
+        cfg = federated.FedConfig(
+            spec=spec, dim=d, num_workers=M, prior_worker=self.prior != "split",
+            exact=(mode == "exact"), data_grad=data_grad, prior_grad=prior_grad,
+            custom_slope=custom_slope, horizon=horizon, refresh_rate=self.refresh_rate,
+            redistribution_rate=self.redistribution_rate, control_variates=cv is not False,
+            reference=reference, max_thinning=self.max_thinning,
+            max_iterations_per_draw=self.max_events_per_draw, skeleton_size=skeleton_size,
+            sample_interval=self.sample_interval, burn_in=burn_in,
+            rate_diagnostics=rate_diagnostics, has_excess=self.rho > 0)
+        init_fn, _, draw_step = federated.build(cfg, workers, prior_part)
+
+        key = jax.random.key(seed)
+        k_init, k_jit, k_run = jax.random.split(key, 3)
+        starts = jnp.broadcast_to(theta0, (chains, d))
+        if init_jitter > 0:
+            starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
+        states = jax.vmap(init_fn)(jax.random.split(k_init, chains), starts)
+        run = run_chains(
+            draw_step, states, k_run, burn_in=burn_in, num_samples=num_samples,
+            position=lambda s: s.x, divergence_threshold=self.divergence_threshold,
+            chunk_size=chunk_size, progress=progress, label=self.name)
+        return self._result(run, cfg, out_model, federation, info, num_samples, burn_in, chains,
+                            on_violation, skeleton_size)
+
+    # ----------------------------------------------------------------- output
+    def _result(self, run, cfg, out_model, federation, info, num_samples, burn_in, chains,
+                on_violation, skeleton_size):
+        d = cfg.dim
+        M = cfg.num_workers
+        st = jax.tree_util.tree_map(np.asarray, run.state)
+        draws = np.asarray(run.draws, dtype=np.float64)
+        positions, interval_means = draws[..., :d], draws[..., d:]
+        kept_time = st.kept_time  # (chains,)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_c = st.sum_x / kept_time[:, None]
+            second_c = st.sum_xx / kept_time[:, None, None]
+        mean = mean_c.mean(axis=0)
+        cov = second_c.mean(axis=0) - np.outer(mean, mean)
+        total_time = float(np.sum(st.t))
+        events = st.events.sum(axis=0)
+        excess = st.excess_events.sum(axis=0)
+        velocity_changes = int(events.sum() + excess.sum() + st.refreshes.sum())
+        comm_workers = M + (1 if self.prior == "worker" else 0)
+        iterations = int(st.iterations.sum())
+        coords = np.asarray(info["coordinates_per_worker"] + ([d] if self.prior == "worker" else []))
+        reply = 2 if self.spec is ZigZagSpec else 1 + d
+        info.update(
+            algorithm=self.name,
+            chains=chains,
+            dim=d,
+            sample_interval=self.sample_interval,
+            refresh_rate=self.refresh_rate,
+            rho=self.rho,
+            process_time=total_time,
+            kept_time=float(kept_time.sum()),
+            draws_kept=int(positions.shape[1]),
+            wall_time=run.wall_time,
+            interrupted=run.interrupted,
+            trajectory_mean=mean.tolist(),
+            trajectory_var=np.diag(cov).tolist(),
+            trajectory_cov=cov.tolist(),
+            trajectory_mean_per_chain=mean_c.tolist(),
+            events=velocity_changes,
+            gradient_events=int(events.sum()),
+            excess_events=int(excess.sum()),
+            refreshments=int(st.refreshes.sum()),
+            redistributions=int(st.redistributions.sum()),
+            events_per_worker=events[:M].tolist(),
+            excess_events_per_worker=excess[:M].tolist(),
+            prior_events=int(events[M]) if cfg.prior_worker else 0,
+            effective_switching_rate=velocity_changes / max(total_time, 1e-300),
+            event_iterations=iterations,
+            thinning_proposals=int(st.thinning.sum()),
+            rejections=int(st.rejections.sum()),
+            rejections_per_worker=st.rejections.sum(axis=0)[:M].tolist(),
+            bound_violations=int(st.violations.sum()),
+            bound_violations_per_worker=st.violations.sum(axis=0)[:M].tolist(),
+            bound_scale_final=st.scale.max(axis=0).tolist(),
+            rounds=iterations,
+            messages=int(2 * comm_workers * iterations),
+            floats_communicated=int(iterations * (2 * coords.sum() + comm_workers * reply)),
+        )
+        if cfg.prior_worker:
+            info["prior_bound_violations"] = int(st.violations.sum(axis=0)[M])
+        for key in ("rate_federated", "rate_plain", "rate_canonical"):
+            if key in run.stats:
+                info["mean_" + key] = float(np.nanmean(run.stats[key]))
+        if "mean_rate_federated" in info and info["mean_rate_federated"] > 0:
+            info["rate_reduction_control_variates"] = (
+                info["mean_rate_plain"] / info["mean_rate_federated"])
+        if positions.shape[1] >= 4 and np.all(np.isfinite(interval_means)):
+            ess = batch_means_ess(interval_means, np.diag(cov))
+            info["ess_batch_means"] = ess.tolist()
+            info["ess_batch_means_min"] = float(ess.min())
+            info["ess_per_second"] = float(ess.min() / max(run.wall_time, 1e-9))
+        if skeleton_size:
+            n = np.minimum(st.sk_n, skeleton_size)
+            info["skeleton_times"] = [st.sk_t[c, : n[c]].tolist() for c in range(chains)]
+            info["skeleton_positions"] = [st.sk_x[c, : n[c]].tolist() for c in range(chains)]
+            info["skeleton_velocities"] = [st.sk_v[c, : n[c]].tolist() for c in range(chains)]
+            info["skeleton_truncated"] = bool(np.any(st.sk_n >= skeleton_size))
+
+        samples = out_model.unravel_draws(jnp.asarray(positions, dtype=out_model.dtype))
+        stats = {k: np.asarray(v) for k, v in run.stats.items()}
+        result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
+        if run.diverged.any():
+            chains_bad = np.nonzero(run.diverged)[0].tolist()
+            details = [{"chain": int(c), "draw": int(run.first_bad_draw[c])} for c in chains_bad]
+            info["diverged_chains"] = chains_bad
+            raise SamplingDivergedError(
+                f"{self.name}: {len(chains_bad)} chain(s) diverged (non-finite or |x| > "
+                f"{self.divergence_threshold:g}): {details}; the draws made before are in "
+                "error.result. Check the model's rate bounds.", result, chains_bad, details)
+        if bool(np.any(st.overflow)):
+            raise PDMPBoundError(
+                f"{self.name}: the event simulation hit its limit (max_thinning={self.max_thinning} "
+                f"proposals for one event, or max_events_per_draw={self.max_events_per_draw} events "
+                "in one sample_interval); the bound is far too loose or the rate explodes. "
+                "Draws so far are in error.result.", result)
+        if on_violation == "error" and info["bound_violations"] > 0:
+            raise PDMPBoundError(
+                f"{self.name}: the rate bound ({info['bound']}) was exceeded "
+                f"{info['bound_violations']} time(s) (per worker: "
+                f"{info['bound_violations_per_worker']}): the model's Hessian/rate bound is too "
+                "small, so thinning would sample the wrong distribution. Fix the bound, or pass "
+                "on_bound_violation='enlarge' to double it automatically.", result)
+        return result
+
+
+class FedZigZag(_FedPDMP):
+    """Federated Zig-Zag sampler (Algorithm 2 with the Zig-Zag of Examples 2.1, 2.4).
+
+    Parameters
+    ----------
+    sample_interval:
+        Process time between kept draws (``burn_in`` counts draws of this length).
+    refresh_rate:
+        Excess switching rate gamma_i per coordinate (Example 2.4), simulated by the server.
+    excess_rate:
+        rho: constant rate added to every worker's rate (Section 5).
+    privacy, sensitivity:
+        ``privacy=(epsilon, delta)`` with sensitivity K sets rho by equation (7).
+    prior:
+        ``"server"`` (default: the server simulates the prior's events), ``"worker"``
+        (an extra worker does, Remark 3.2) or ``"split"`` (worker m holds ``n_m/N`` of it).
+    bound:
+        ``"auto"`` (exact inversion for quadratic potentials, else the model's
+        ``hessian_bound``, else its ``zigzag_slope_bound``, else an estimate),
+        or one of ``"exact"``, ``"hessian"``, ``"custom"``, ``"estimate"``.
+    on_bound_violation:
+        ``"error"`` (default for model-supplied bounds) or ``"enlarge"`` (default for
+        the estimated bound): what to do when a true rate exceeds its bound.
+    safety:
+        Factor on the estimated Hessian bound.
+    control_variates:
+        ``True`` (reference point = the mode, found by federated Newton) or a flat
+        reference point: Remark 4.3's shift of the workers' gradients.
+    redistribution_rate:
+        lambda_redist of Appendix D (Algorithm 4); needs ``prior="split"``.
+    """
+
+    name = "FedZigZag"
+    spec = ZigZagSpec
+
+    def __init__(self, sample_interval, refresh_rate: float = 0.0, **kwargs):
+        super().__init__(sample_interval, refresh_rate, **kwargs)
+
+
+class FedBPS(_FedPDMP):
+    """Federated Bouncy Particle Sampler (Examples 2.2, 2.5): worker m reflects the velocity on
+    grad U_m at its events; the server refreshes v ~ N(0, I) at ``refresh_rate``. Other
+    arguments as :class:`FedZigZag`; privacy events are refreshments."""
+
+    name = "FedBPS"
+    spec = BPSSpec
+
+    def __init__(self, sample_interval, refresh_rate: float = 1.0, **kwargs):
+        super().__init__(sample_interval, refresh_rate, **kwargs)
+
+
+class FedBoomerang(_FedPDMP):
+    """Federated Boomerang sampler: elliptical dynamics around a Gaussian reference N(mu, Sigma).
+
+    ``reference="laplace"`` (default) uses the mode and inverse Hessian of the
+    posterior, found by federated Newton (each round: every worker sends its
+    gradient and Hessian); or pass ``reference=(mean, cov)``. The reference
+    potential is subtracted where the prior lives (server, extra worker or split).
+    Bounds: Hessian bounds whitened by the reference (see ``boomerang.py``).
+    """
+
+    name = "FedBoomerang"
+    spec = BoomerangSpec
+
+    def __init__(self, sample_interval, refresh_rate: float = 0.1, *, reference: Any = "laplace",
+                 **kwargs):
+        super().__init__(sample_interval, refresh_rate, **kwargs)
+        if isinstance(reference, str):
+            if reference != "laplace":
+                raise ValueError(f"reference must be 'laplace' or (mean, cov), got {reference!r}")
+        elif not (isinstance(reference, (tuple, list)) and len(reference) == 2):
+            raise ValueError("reference must be 'laplace' or a pair (mean, cov)")
+        self.reference = reference
+        if self.bound == "custom":
+            raise ValueError("bound='custom' is a Zig-Zag bound; FedBoomerang uses Hessian bounds")
+
+    def _reference(self, flat_model, padded, theta0, info):
+        d = flat_model.dim
+        if isinstance(self.reference, str):
+            mode, hess, rounds = federated_newton(flat_model, padded, theta0)
+            info["laplace_rounds"] = rounds
+            cov = np.linalg.inv(0.5 * (hess + hess.T))
+            if not np.all(np.linalg.eigvalsh(cov) > 0):
+                raise ValueError("reference='laplace': the Hessian at the mode is not positive "
+                                 "definite; pass reference=(mean, cov)")
+            mean = np.asarray(mode)
+        else:
+            mean = np.asarray(self.reference[0], dtype=np.float64)
+            cov = np.asarray(self.reference[1], dtype=np.float64)
+            if mean.shape != (d,) or cov.shape != (d, d):
+                raise ValueError(f"reference must be (mean of shape ({d},), cov of shape ({d}, {d}))")
+            if not np.all(np.linalg.eigvalsh(0.5 * (cov + cov.T)) > 0):
+                raise ValueError("reference cov must be positive definite")
+        info["reference_mean"] = mean.tolist()
+        return make_reference(mean, cov)

@@ -1,0 +1,398 @@
+"""Federated event simulation: Algorithm 2 with per-worker thinning (Algorithm 3) and
+dynamic prior redistribution (Appendix D, Algorithm 4).
+
+One *event iteration* from the skeleton point (T_k, X_k, V_k):
+
+1. *Locally* every worker m (vmapped over the padded client data) simulates the
+   first event time tau_m of its own rate lambda_m (+ its privacy rate rho_m)
+   by Poisson thinning against an affine bound (Appendix A), touching only its
+   own potential ``U_m + alpha_m U_0 - <s_m, x>`` (alpha_m: its prior share, s_m: the
+   control-variate shift of Remark 4.3, zero by default), and proposes its
+   velocity change (Zig-Zag flip, reflection on grad U_m, or a refreshment for
+   the privacy events).
+2. *Centrally* the server takes the minimum together with its own clocks
+   (refreshment / excess switching, prior redistribution, the next sample time)
+   and moves the state. A worker's search stops at the server's earliest clock
+   (``cap``): a proposal later than that could not win.
+
+Bound violations (true rate above the bound at a proposed time) are detected at
+every proposal, counted per worker, and the worker's bound scale doubled; the
+worker then re-draws from its last anchor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from .events import affine_first_time
+
+__all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "build"]
+
+PyTree = Any
+EXCESS = 1
+
+
+class Workers(NamedTuple):
+    """Per-worker arrays, leading axis = data workers (M)."""
+
+    data: PyTree  # (M, n_max, ...)
+    mask: jax.Array  # (M, n_max)
+    coords: jax.Array  # (M, d) 1 on the coordinates worker m holds (Remark 3.1)
+    q: jax.Array  # (M, d, d) elementwise bound |Hessian of U_m| <= q
+    l: jax.Array  # (M,) spectral bound
+    lw: jax.Array  # (M,) whitened spectral bound (Boomerang)
+    rho: jax.Array  # (M,) privacy / excess rate (Section 5)
+    cv_weight: jax.Array  # (M,) w_m in the control-variate shift (sum 1)
+    g_ref: jax.Array  # (M, d) grad U_m at the reference point (control variates)
+
+
+class PriorPart(NamedTuple):
+    """The potential U_0 (minus the Boomerang reference potential) and its bounds."""
+
+    q: jax.Array  # (d, d)
+    l: jax.Array  # ()
+    lw: jax.Array  # ()
+    g_ref: jax.Array  # (d,) grad of this part at the reference point
+    g_total_ref: jax.Array  # (d,) grad of the full potential at the reference point
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FedConfig:
+    spec: Any
+    dim: int
+    num_workers: int
+    prior_worker: bool  # U_0 simulated by its own channels (server or extra worker)
+    exact: bool  # affine rates (quadratic potentials): no thinning needed
+    data_grad: Callable  # (x, data_m, mask_m) -> grad of worker m's data potential
+    prior_grad: Callable  # x -> grad of U_0 (minus reference for Boomerang)
+    custom_slope: Optional[Callable] = None  # (x, v, horizon, data_m, mask_m) -> (d,) slopes
+    horizon: float = float("inf")
+    refresh_rate: float = 0.0
+    redistribution_rate: float = 0.0
+    control_variates: bool = False
+    reference: Any = None
+    max_thinning: int = 100_000
+    max_iterations_per_draw: int = 1_000_000
+    skeleton_size: int = 0
+    sample_interval: float = 1.0
+    burn_in: int = 0
+    rate_diagnostics: bool = True
+    has_excess: bool = False  # some worker has rho > 0 (static: skips the clock otherwise)
+
+
+class FedState(NamedTuple):
+    t: jax.Array
+    x: jax.Array
+    v: jax.Array
+    alpha: jax.Array  # (M,) prior shares
+    scale: jax.Array  # (P,) bound scale per proposer (workers, then the prior worker)
+    next_refresh: jax.Array
+    next_redist: jax.Array
+    n_draws: jax.Array
+    events: jax.Array  # (P,) accepted gradient events per proposer
+    excess_events: jax.Array  # (P,)
+    refreshes: jax.Array
+    redistributions: jax.Array
+    iterations: jax.Array  # server event iterations (communication rounds)
+    thinning: jax.Array  # (P,) thinning proposals evaluated
+    rejections: jax.Array  # (P,)
+    violations: jax.Array  # (P,)
+    overflow: jax.Array  # thinning or per-draw iteration limit hit
+    sum_x: jax.Array  # (d,) int x dt over the kept window
+    sum_xx: jax.Array  # (d, d)
+    kept_time: jax.Array
+    interval_x: jax.Array  # (d,) int x dt over the current draw interval
+    sk_t: jax.Array  # (K,)
+    sk_x: jax.Array  # (K, d)
+    sk_v: jax.Array  # (K, d)
+    sk_n: jax.Array
+
+
+def _exp_time(key, rate):
+    rate = jnp.asarray(rate)
+    e = jax.random.exponential(key, dtype=jnp.float64)
+    return jnp.where(rate > 0, e / jnp.where(rate > 0, rate, 1.0), jnp.inf)
+
+
+def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coords, rho,
+                        scale, slope_fn):
+    """Algorithm 3 for one worker: its first event time tau_m before ``cap`` (or inf).
+
+    Returns ``(tau, kind, channel, g_event, scale, proposals, rejections, violations, overflow)``.
+    """
+    spec, ref = cfg.spec, cfg.reference
+    C = spec.channels(cfg.dim)
+
+    def anchor(xs, vs, gs, sc):
+        hv = jax.jvp(grad_fn, (xs,), (vs,))[1] if cfg.exact else None
+        a, b = spec.anchor(xs, vs, gs, hv, q, l, lw, coords, ref, cfg.exact)
+        if slope_fn is not None:
+            b = b + slope_fn(xs, vs) * coords
+        if not cfg.exact:
+            b = b * sc
+        return a, b
+
+    g0 = grad_fn(x0)
+    if cfg.exact:
+        # Quadratic potential: the rate is exactly (a + b t)_+ (F.1) -- invert, no thinning.
+        hv = jax.jvp(grad_fn, (x0,), (v0,))[1]
+        a0, b0 = spec.anchor(x0, v0, g0, hv, q, l, lw, coords, ref, True)
+        k1, k2 = jax.random.split(key)
+        tc = affine_first_time(a0, b0, jax.random.exponential(k1, (C,), dtype=jnp.float64))
+        ch = jnp.argmin(tc)
+        tau = tc[ch]
+        kind = jnp.int32(0)
+        if cfg.has_excess:
+            te = _exp_time(k2, rho)
+            kind = jnp.where(te < tau, EXCESS, 0).astype(jnp.int32)
+            tau = jnp.minimum(tau, te)
+        tau = jnp.where(tau < cap, tau, jnp.inf)
+        g_event = g0 + jnp.where(jnp.isfinite(tau), tau, 0.0) * hv  # exact: the gradient is affine
+        one, zero_i = jnp.int32(1), jnp.int32(0)
+        return tau, kind, ch.astype(jnp.int32), g_event, scale, one, zero_i, zero_i, jnp.array(False)
+    a0, b0 = anchor(x0, v0, g0, scale)
+    zero = jnp.zeros((), jnp.float64)
+    init = (key, zero, a0, b0, zero + cfg.horizon, scale, jnp.array(False), zero + jnp.inf,
+            jnp.int32(0), jnp.int32(0), g0, jnp.int32(0), jnp.int32(0), jnp.int32(0))
+
+    def cond(c):
+        return (~c[6]) & (c[11] < cfg.max_thinning)
+
+    def body(c):
+        key, s, a, b, hend, sc, done, tau, kind, chan, gev, it, rej, viol = c
+        key, k1, k2, k3 = jax.random.split(key, 4)
+        e = jax.random.exponential(k1, (C,), dtype=jnp.float64)
+        tc = affine_first_time(a, b, e)
+        ch = jnp.argmin(tc)
+        tmin = tc[ch]
+        if cfg.has_excess:
+            te = _exp_time(k2, rho)
+            excess_first = te < tmin
+        else:
+            te, excess_first = jnp.inf, jnp.array(False)
+        t_prop = s + jnp.minimum(tmin, te)
+        beyond = t_prop > hend
+        t_eval = jnp.where(beyond, hend, t_prop)
+        capped = ~(t_eval < cap)
+        t_safe = jnp.where(jnp.isfinite(t_eval), t_eval, s)
+        xe, ve = spec.flow(x0, v0, t_safe, ref)
+        ge = grad_fn(xe)
+        rate = spec.rate(xe, ve, ge, coords, ref)[ch]
+        bound = jnp.maximum(a[ch] + b[ch] * (t_safe - s), 0.0)
+        check = ~capped & ~beyond & ~excess_first
+        tol = 1e-6 * (jnp.abs(a[ch]) + jnp.abs(b[ch]) * (t_safe - s)) + 1e-9
+        violated = check & (rate > bound + tol)
+        u = jax.random.uniform(k3, dtype=jnp.float64)
+        accept = check & ~violated & (u * bound < rate)
+        is_excess = ~capped & ~beyond & excess_first
+        reanchor = ~capped & ~violated & ~accept & ~is_excess
+        an, bn = anchor(xe, ve, ge, sc)
+        sc_new = jnp.where(violated, 2.0 * sc, sc)
+        b_enlarged = jnp.where(b >= 0, 2.0 * b + 1e-12, 0.5 * b)
+        return (
+            key,
+            jnp.where(reanchor, t_safe, s),
+            jnp.where(reanchor, an, a),
+            jnp.where(reanchor, bn, jnp.where(violated, b_enlarged, b)),
+            jnp.where(reanchor, t_safe + cfg.horizon, hend),
+            sc_new,
+            capped | accept | is_excess,
+            jnp.where(accept | is_excess, t_prop, jnp.inf),
+            jnp.where(is_excess, EXCESS, 0).astype(jnp.int32),
+            ch.astype(jnp.int32),
+            ge,
+            it + 1,
+            rej + (reanchor & ~beyond).astype(jnp.int32),
+            viol + violated.astype(jnp.int32),
+        )
+
+    out = jax.lax.while_loop(cond, body, init)
+    _, _, _, _, _, sc, done, tau, kind, chan, gev, it, rej, viol = out
+    return tau, kind, chan, gev, sc, it, rej, viol, ~done
+
+
+def build(cfg: FedConfig, workers: Workers, prior: PriorPart):
+    """Kernels of the federated sampler: ``init(key, x0) -> FedState``,
+    ``event_step(key, state, t_stop, counting) -> state`` (one server iteration of
+    Algorithm 2/4) and ``draw_step(key, state) -> (state, draw, stats)`` (advance to
+    the next sample time; the engine's per-chain step)."""
+    spec, ref, d, M = cfg.spec, cfg.reference, cfg.dim, cfg.num_workers
+    P = M + (1 if cfg.prior_worker else 0)
+    all_coords = workers.coords
+    if cfg.prior_worker:
+        all_coords = jnp.concatenate([workers.coords, jnp.ones((1, d), workers.coords.dtype)])
+    refresh_total = spec.refresh_total_rate(cfg.refresh_rate, d)
+
+    def data_worker_grad(x, data_m, mask_m, g_ref_m, w_m, alpha_m):
+        g = cfg.data_grad(x, data_m, mask_m) + alpha_m * cfg.prior_grad(x)
+        if cfg.control_variates:
+            g = g - (g_ref_m + alpha_m * prior.g_ref - w_m * prior.g_total_ref)
+        return g
+
+    def prior_worker_grad(x):
+        g = cfg.prior_grad(x)
+        if cfg.control_variates:
+            g = g - prior.g_ref
+        return g
+
+    def all_grads(x, alpha):
+        g = jax.vmap(data_worker_grad, in_axes=(None, 0, 0, 0, 0, 0))(
+            x, workers.data, workers.mask, workers.g_ref, workers.cv_weight, alpha)
+        if cfg.prior_worker:
+            g = jnp.concatenate([g, prior_worker_grad(x)[None]])
+        return g
+
+    def plain_shift(alpha):
+        """The control-variate shifts s_m (zero without control variates)."""
+        if not cfg.control_variates:
+            return jnp.zeros((P, d))
+        s = workers.g_ref + alpha[:, None] * prior.g_ref - workers.cv_weight[:, None] * prior.g_total_ref
+        if cfg.prior_worker:
+            s = jnp.concatenate([s, prior.g_ref[None]])
+        return s
+
+    def init(key, x0) -> FedState:
+        kv, kr, kd = jax.random.split(key, 3)
+        x0 = jnp.asarray(x0, jnp.float64)
+        v0 = spec.init_velocity(kv, d, ref).astype(jnp.float64)
+        K = max(cfg.skeleton_size, 1)
+        zP = jnp.zeros((P,), jnp.int32)
+        alpha0 = jnp.zeros((M,)) if cfg.prior_worker else workers.cv_weight
+        return FedState(
+            t=jnp.zeros((), jnp.float64), x=x0, v=v0,
+            alpha=jnp.asarray(alpha0, jnp.float64),
+            scale=jnp.ones((P,), jnp.float64),
+            next_refresh=_exp_time(kr, refresh_total),
+            next_redist=_exp_time(kd, cfg.redistribution_rate),
+            n_draws=jnp.int32(0), events=zP, excess_events=zP,
+            refreshes=jnp.int32(0), redistributions=jnp.int32(0), iterations=jnp.int32(0),
+            thinning=zP, rejections=zP, violations=zP, overflow=jnp.array(False),
+            sum_x=jnp.zeros((d,)), sum_xx=jnp.zeros((d, d)), kept_time=jnp.zeros(()),
+            interval_x=jnp.zeros((d,)),
+            sk_t=jnp.zeros((K,)), sk_x=jnp.zeros((K, d)), sk_v=jnp.zeros((K, d)),
+            sk_n=jnp.int32(0),
+        )
+
+    def event_step(key, st: FedState, t_stop, counting) -> FedState:
+        kw, kp, kj, kr, kr2, ka, ka2 = jax.random.split(key, 7)
+        cap_abs = jnp.minimum(jnp.minimum(st.next_refresh, st.next_redist), t_stop)
+        cap = cap_abs - st.t
+        x, v = st.x, st.v
+
+        def one_data_worker(k, data_m, mask_m, coords_m, q_m, l_m, lw_m, rho_m, g_ref_m, w_m,
+                            alpha_m, scale_m):
+            grad_fn = lambda y: data_worker_grad(y, data_m, mask_m, g_ref_m, w_m, alpha_m)  # noqa: E731
+            slope_fn = None
+            if cfg.custom_slope is not None:
+                slope_fn = lambda y, u: cfg.custom_slope(y, u, cfg.horizon, data_m, mask_m)  # noqa: E731
+            return _worker_first_event(
+                cfg, k, x, v, cap, grad_fn, q_m + alpha_m * prior.q, l_m + alpha_m * prior.l,
+                lw_m + alpha_m * prior.lw, coords_m, rho_m, scale_m, slope_fn)
+
+        res = jax.vmap(one_data_worker)(
+            jax.random.split(kw, M), workers.data, workers.mask, workers.coords, workers.q,
+            workers.l, workers.lw, workers.rho, workers.g_ref, workers.cv_weight, st.alpha,
+            st.scale[:M])
+        if cfg.prior_worker:
+            pres = _worker_first_event(
+                cfg, kp, x, v, cap, prior_worker_grad, prior.q, prior.l, prior.lw,
+                jnp.ones((d,)), jnp.zeros(()), st.scale[M], None)
+            res = jax.tree_util.tree_map(lambda r, p: jnp.concatenate([r, p[None]]), res, pres)
+        taus, kinds, chans, gevs, scales, its, rejs, viols, overflows = res
+
+        w = jnp.argmin(taus)
+        tau = taus[w]
+        event = tau < cap
+        dt = jnp.where(event, tau, cap)
+        x1, v1 = spec.flow(x, v, dt, ref)
+        is_excess = kinds[w] == EXCESS
+        v_jump = spec.jump(kj, x1, v1, gevs[w], chans[w], ref)
+        v_event = v_jump
+        if cfg.has_excess:
+            v_event = jnp.where(is_excess, spec.excess(kj, v1, all_coords[w], ref), v_jump)
+        refresh_now = ~event & (st.next_refresh <= st.next_redist) & (st.next_refresh <= t_stop)
+        redist_now = ~event & ~refresh_now & (st.next_redist <= t_stop)
+        v_ref = spec.refresh(kr, v1, ref) if refresh_total > 0 else v1
+        v_new = jnp.where(event, v_event, jnp.where(refresh_now, v_ref, v1))
+        t_new = jnp.where(event, st.t + tau, cap_abs)
+        next_refresh = jnp.where(refresh_now, t_new + _exp_time(kr2, refresh_total), st.next_refresh)
+        next_redist = jnp.where(redist_now, t_new + _exp_time(ka2, cfg.redistribution_rate),
+                                st.next_redist)
+        alpha = st.alpha
+        if cfg.redistribution_rate > 0:
+            # Algorithm 4, line 6: new random shares alpha_m >= 0 summing to 1.
+            alpha = jnp.where(redist_now, jax.random.dirichlet(ka, jnp.ones((M,))), alpha)
+
+        first, second = spec.integrals(x, v, dt, ref)
+        c = jnp.where(counting, 1.0, 0.0)
+        onehot = jax.nn.one_hot(w, P, dtype=jnp.int32) * event.astype(jnp.int32)
+
+        sk_t, sk_x, sk_v, sk_n = st.sk_t, st.sk_x, st.sk_v, st.sk_n
+        if cfg.skeleton_size > 0:
+            record = (event | refresh_now) & (sk_n < cfg.skeleton_size)
+            i = jnp.minimum(sk_n, cfg.skeleton_size - 1)
+            sk_t = jnp.where(record, sk_t.at[i].set(t_new), sk_t)
+            sk_x = jnp.where(record, sk_x.at[i].set(x1), sk_x)
+            sk_v = jnp.where(record, sk_v.at[i].set(v_new), sk_v)
+            sk_n = sk_n + record.astype(jnp.int32)
+
+        return st._replace(
+            t=t_new, x=x1, v=v_new, alpha=alpha, scale=scales,
+            next_refresh=next_refresh, next_redist=next_redist,
+            events=st.events + onehot * (~is_excess).astype(jnp.int32),
+            excess_events=st.excess_events + onehot * is_excess.astype(jnp.int32),
+            refreshes=st.refreshes + refresh_now.astype(jnp.int32),
+            redistributions=st.redistributions + redist_now.astype(jnp.int32),
+            iterations=st.iterations + 1,
+            thinning=st.thinning + its, rejections=st.rejections + rejs,
+            violations=st.violations + viols,
+            overflow=st.overflow | jnp.any(overflows),
+            sum_x=st.sum_x + c * first, sum_xx=st.sum_xx + c * second,
+            interval_x=st.interval_x + first,
+            sk_t=sk_t, sk_x=sk_x, sk_v=sk_v, sk_n=sk_n,
+        )
+
+    def rates(x, v, alpha):
+        """Instantaneous federated, plain (no control variates) and canonical rates."""
+        g = all_grads(x, alpha)
+        shift = plain_shift(alpha)
+        per = jax.vmap(lambda gm, cm: jnp.sum(spec.rate(x, v, gm, cm, ref)))
+        fed = jnp.sum(per(g, all_coords))
+        plain = jnp.sum(per(g + shift, all_coords))
+        canonical = jnp.sum(spec.rate(x, v, jnp.sum(g, axis=0), jnp.ones((d,)), ref))
+        return fed, plain, canonical
+
+    def draw_step(key, st: FedState):
+        delta = cfg.sample_interval
+        t_next = (st.n_draws + 1).astype(jnp.float64) * delta
+        counting = st.n_draws >= cfg.burn_in
+        events_before = jnp.sum(st.events) + jnp.sum(st.excess_events) + st.refreshes
+        st = st._replace(interval_x=jnp.zeros((d,)))
+
+        def cond(carry):
+            s, i = carry
+            return (s.t < t_next) & (i < cfg.max_iterations_per_draw)
+
+        def body(carry):
+            s, i = carry
+            return event_step(jax.random.fold_in(key, i), s, t_next, counting), i + 1
+
+        st, _ = jax.lax.while_loop(cond, body, (st, jnp.int32(0)))
+        st = st._replace(
+            n_draws=st.n_draws + 1,
+            overflow=st.overflow | (st.t < t_next),
+            kept_time=st.kept_time + jnp.where(counting, delta, 0.0),
+        )
+        events_after = jnp.sum(st.events) + jnp.sum(st.excess_events) + st.refreshes
+        stats = {"events": (events_after - events_before).astype(jnp.int32)}
+        if cfg.rate_diagnostics:
+            fed, plain, canonical = rates(st.x, st.v, st.alpha)
+            stats.update(rate_federated=fed, rate_plain=plain, rate_canonical=canonical)
+        draw = jnp.concatenate([st.x, st.interval_x / delta])
+        return st, draw, stats
+
+    return init, event_step, draw_step
