@@ -11,6 +11,7 @@ from .decentralised import DULA, GTDULA
 from .federation import Federation
 from .langevin import DSGLD, FSGLD, SGLD, schedules
 from .model import Model
+from .pdmp import FedBoomerang, FedBPS, FedZigZag
 from .reference import reference_posterior
 from .results import Result, SamplingDivergedError
 
@@ -25,6 +26,9 @@ __all__ = [
     "SGLD",
     "DSGLD",
     "FSGLD",
+    "FedZigZag",
+    "FedBPS",
+    "FedBoomerang",
     "DULA",
     "GTDULA",
     "schedules",
