@@ -227,6 +227,11 @@ def test_decaying_step_size_and_divergence():
     schedule = _decaying(1e-3, 10, 0.1)
     assert [float(schedule(t)) for t in (0, 9, 10, 25)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-5])
     model, fed, init = logistic_problem()
+    # a diverging agent is caught even when only the network average is kept
     with pytest.raises(fm.SamplingDivergedError) as info:
-        fm.sample(model, fed, fm.DULA(step_size=5.0, beta=0.3), init=init, num_samples=50, seed=0)
+        fm.sample(model, fed, fm.DULA(step_size=5.0, beta=0.3, keep_agent_samples=False),
+                  init=init, num_samples=50, seed=0)
     assert info.value.result is not None and info.value.chains == [0]
+    assert "agent_samples" not in info.value.result.info
+    shape = info.value.result.samples["w"].shape
+    assert shape[0] == 1 and shape[2] == 3 and np.isnan(info.value.result.samples["w"][0, -1]).all()

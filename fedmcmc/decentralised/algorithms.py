@@ -188,6 +188,7 @@ class _Decentralised(Algorithm):
             init_keys
         )
         track = self.gradient_error
+        keep_agents = self.keep_agent_samples
         tracking = self.tracking
 
         def draw_step(key, state):
@@ -198,7 +199,11 @@ class _Decentralised(Algorithm):
             if track:
                 directions = state.tracker if tracking else full_gradient(w)
                 stats["gradient_error"] = kernels.tracking_error(directions, w, full_gradient)
-            draw = jnp.concatenate([jnp.mean(w, axis=0), w.reshape(-1)])
+            # the kept draw carries every agent (and so does the divergence check);
+            # without agent samples only the average (a diverging agent makes it non-finite)
+            draw = jnp.mean(w, axis=0)
+            if keep_agents:
+                draw = jnp.concatenate([draw, w.reshape(-1)])
             return state, draw, stats
 
         run = run_chains(
@@ -207,7 +212,9 @@ class _Decentralised(Algorithm):
             key,
             burn_in=burn_in,
             num_samples=num_samples,
-            position=lambda s: jnp.concatenate([jnp.mean(s.position, 0), s.position.reshape(-1)]),
+            position=lambda s: jnp.mean(s.position, 0) if not keep_agents else jnp.concatenate(
+                [jnp.mean(s.position, 0), s.position.reshape(-1)]
+            ),
             divergence_threshold=self.divergence_threshold,
             progress=progress,
             label=self.name,
@@ -217,7 +224,7 @@ class _Decentralised(Algorithm):
         draws = np.asarray(run.draws)
         kept = draws.shape[1]
         average = draws[:, :, :dim]
-        agents = draws[:, :, dim:].reshape(chains, kept, n, dim)
+        agents = draws[:, :, dim:].reshape(chains, kept, n, dim) if keep_agents else None
         samples = _unravel_numpy(flat_model, average)
         iterations = run.draws_done * thin
         floats_per_message = dim * (2 if self.tracking else 1)
