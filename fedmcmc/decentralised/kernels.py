@@ -142,7 +142,7 @@ def dula_kernel(
     def step(key: jax.Array, state: DULAState) -> DULAState:
         key_grad, key_noise = jax.random.split(key)
         w = state.position
-        alpha = schedule(state.iteration).astype(w.dtype)
+        alpha = jnp.asarray(schedule(state.iteration), dtype=w.dtype)
         g = local_gradient(key_grad, w)
         new = mix(w, beta) - alpha * n * g
         if noise:
@@ -182,7 +182,7 @@ def gtdula_kernel(
     def step(key: jax.Array, state: GTDULAState) -> GTDULAState:
         key_grad, key_noise = jax.random.split(key)
         w, d = state.position, state.tracker
-        alpha = schedule(state.iteration).astype(w.dtype)
+        alpha = jnp.asarray(schedule(state.iteration), dtype=w.dtype)
         new_w = mix(w, beta) - alpha * n * d
         if noise:
             new_w = new_w + _noise(key_noise, w, alpha, n)
