@@ -5,8 +5,9 @@ sigma_i = 10, 5, 16, 2, 18, on a ring (heterogeneous agents). The full-batch
 recursions are linear-Gaussian, so ``diagnostics.stationary_distribution`` (a
 discrete Lyapunov equation) gives their exact stationary law: the oracle.
 
-* simulation (fm.DULA / fm.GTDULA) agrees with the oracle: network-average mean
-  and variance, consensus error, gradient error (ESS-derived tolerances); the
+* simulation (fm.DULA / fm.GTDULA, full-batch and minibatch) agrees with the oracle:
+  network-average mean and variance, consensus error, gradient error (ESS-derived
+  tolerances); smaller minibatches raise the asymptotic KL (Figure 1(b)); the
   drift ``alpha d_i`` of equation (4) as printed (instead of ``alpha n d_i``)
   is rejected by the same check;
 * GT-DULA's asymptotic KL to the exact posterior is below DULA's (oracle; the
@@ -90,14 +91,35 @@ def _run(model, fed, algorithm, seed=0):
                      thin=10, chains=4, seed=seed)
 
 
-@pytest.mark.parametrize("gamma", [None, BETA])
-def test_simulation_agrees_with_lyapunov_oracle(problem, gamma):
+@pytest.mark.parametrize("gamma, batch_size", [(None, None), (BETA, None), (BETA, 10)])
+def test_simulation_agrees_with_lyapunov_oracle(problem, gamma, batch_size):
+    """Full-batch DULA and GT-DULA, and minibatch GT-DULA (m = 10 of 80 rows; the
+    Gaussian-mean estimator's minibatch noise is additive, so the oracle stays exact)."""
     model, fed, quad, lap = problem
-    oracle = diagnostics.stationary_distribution(quad, lap, ALPHA, BETA, gamma)
+    noise = None
+    if batch_size is not None:
+        data = [np.asarray(fed[i]["x"], np.float64) for i in range(fed.num_clients)]
+        noise = diagnostics.gaussian_mean_minibatch_noise(data, SIGMAS, batch_size)
+    oracle = diagnostics.stationary_distribution(quad, lap, ALPHA, BETA, gamma, noise)
     algorithm = (fm.DULA(step_size=ALPHA, beta=BETA) if gamma is None
-                 else fm.GTDULA(step_size=ALPHA, beta=BETA, gamma=gamma))
+                 else fm.GTDULA(step_size=ALPHA, beta=BETA, gamma=gamma, batch_size=batch_size))
     ok, figures = oracle_agreement(_run(model, fed, algorithm), oracle)
     assert ok, figures
+
+
+def test_smaller_minibatches_raise_the_asymptotic_kl(problem):
+    """Figure 1(b): the bias grows as the batch shrinks (oracle with minibatch noise)."""
+    _, fed, quad, lap = problem
+    data = [np.asarray(fed[i]["x"], np.float64) for i in range(fed.num_clients)]
+    for gamma in (None, BETA):
+        kls = [
+            diagnostics.stationary_distribution(
+                quad, lap, ALPHA, BETA, gamma, diagnostics.gaussian_mean_minibatch_noise(data, SIGMAS, m)
+            ).kl
+            for m in (80, 40, 20, 10, 5)
+        ]
+        assert all(b > a for a, b in zip(kls, kls[1:])), kls
+    assert diagnostics.gaussian_mean_minibatch_noise(data, SIGMAS, 80).sum() == 0.0
 
 
 def test_oracle_check_rejects_the_unscaled_drift(problem, monkeypatch):

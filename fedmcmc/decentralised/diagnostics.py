@@ -34,6 +34,7 @@ __all__ = [
     "QuadraticProblem",
     "quadratic_terms",
     "gaussian_mean_problem",
+    "gaussian_mean_minibatch_noise",
     "StationaryDistribution",
     "stationary_distribution",
     "gaussian_kl",
@@ -134,6 +135,19 @@ def gaussian_mean_problem(data: Sequence[np.ndarray], sigmas: Sequence[float], s
     return QuadraticProblem(A=A, b=b)
 
 
+def gaussian_mean_minibatch_noise(data: Sequence[np.ndarray], sigmas: Sequence[float], batch_size: int) -> np.ndarray:
+    """(n, 1, 1) covariances of the minibatch noise of the section 5.1 estimator with m rows
+    drawn with replacement (as ``batch_size`` does): (M_i^2 / m) var(x_i) / sigma_i^4, with
+    var the population variance of agent i's data; 0 when m >= M_i (all rows are used)."""
+    out = []
+    for x, s in zip(data, sigmas):
+        x = np.asarray(x, dtype=np.float64)
+        size = x.shape[0]
+        variance = 0.0 if batch_size >= size else size**2 / batch_size * x.var() / s**4
+        out.append([[variance]])
+    return np.asarray(out)
+
+
 # ------------------------------------------------------------------- oracle
 @dataclasses.dataclass(frozen=True)
 class StationaryDistribution:
@@ -175,8 +189,14 @@ def _orthonormal_complement_of_ones(n: int) -> np.ndarray:
 
 
 def _recursion(problem: QuadraticProblem, laplacian: np.ndarray, step_size: float, beta: float,
-               gamma: Optional[float]):
-    """(F, c, Q, nd) of the full-batch recursion z_{k+1} = F z_k + c + noise, noise ~ N(0, Q)."""
+               gamma: Optional[float], gradient_noise: Optional[np.ndarray] = None):
+    """(F, c, Q, ...) of the recursion z_{k+1} = F z_k + c + noise, noise ~ N(0, Q).
+
+    ``gradient_noise``: (n, d, d) covariances of additive, state-independent noise eps_i
+    in the local gradient estimates (minibatches of a Gaussian-mean model). The estimate
+    g_hat_k = A w_k - b + eps_k enters the w update of step k and, for GT-DULA, the
+    e update (e_{k+1} = W_gamma e_k - gamma (L (x) I) g_hat_k) with the same eps_k.
+    """
     A_blocks, b_blocks = np.asarray(problem.A, np.float64), np.asarray(problem.b, np.float64)
     n, dim = problem.n, problem.dim
     lap = np.asarray(laplacian, dtype=np.float64)
@@ -207,6 +227,14 @@ def _recursion(problem: QuadraticProblem, laplacian: np.ndarray, step_size: floa
         c = np.concatenate([alpha * n * b, gamma * U.T @ L @ b])
         G = np.vstack([np.eye(nd), np.zeros((U.shape[1], nd))])
     Q = G @ (2 * alpha * n * np.eye(nd)) @ G.T
+    if gradient_noise is not None:
+        noise = np.asarray(gradient_noise, dtype=np.float64)
+        if noise.shape != (n, dim, dim):
+            raise ValueError(f"gradient_noise must have shape ({n}, {dim}, {dim}), got {noise.shape}")
+        H = -alpha * n * np.eye(nd)
+        if gamma is not None:
+            H = np.vstack([H, -gamma * U.T @ L])
+        Q = Q + H @ scipy.linalg.block_diag(*noise) @ H.T
     return F, c, Q, nd, A, U
 
 
@@ -216,6 +244,7 @@ def stationary_distribution(
     step_size: float,
     beta: float,
     gamma: Optional[float] = None,
+    gradient_noise: Optional[np.ndarray] = None,
 ) -> StationaryDistribution:
     """Exact stationary distribution of full-batch DULA (``gamma=None``) or GT-DULA.
 
@@ -229,13 +258,19 @@ def stationary_distribution(
                         [-gamma U^T (L (x) I) A,   U^T (W_gamma (x) I) U]],
                    c = (alpha n b, gamma U^T (L (x) I) b), U = V (x) I.
 
+    ``gradient_noise`` (n, d, d): covariances of additive minibatch noise in the local
+    gradient estimates (exact for Gaussian-mean models, see
+    :func:`gaussian_mean_minibatch_noise`); None for full-batch gradients. For GT-DULA the
+    gradient error then includes the noise of the tracked estimates; for DULA it is
+    measured with exact local gradients, as ``fm.DULA`` records it.
+
     Raises ``ValueError`` if the recursion is unstable (spectral radius >= 1).
     """
     A_blocks, b_blocks = np.asarray(problem.A, np.float64), np.asarray(problem.b, np.float64)
     n, dim = problem.n, problem.dim
     alpha = float(step_size)
     eye_d = np.eye(dim)
-    F, c, Q, nd, A, U = _recursion(problem, laplacian, step_size, beta, gamma)
+    F, c, Q, nd, A, U = _recursion(problem, laplacian, step_size, beta, gamma, gradient_noise)
     radius = float(np.max(np.abs(np.linalg.eigvals(F))))
     if not radius < 1:
         raise ValueError(
@@ -268,6 +303,8 @@ def stationary_distribution(
         H[:, nd:] = U
     h = -b_blocks.reshape(-1) + np.kron(np.ones(n), b_bar)
     grad_err = float(np.trace(H @ cov @ H.T) + np.sum((H @ mean + h) ** 2))
+    if gamma is not None and gradient_noise is not None:
+        grad_err += float(sum(np.trace(c_i) for c_i in np.asarray(gradient_noise)))
     return StationaryDistribution(
         mean=mean[:nd],
         cov=cov[:nd, :nd],
@@ -289,6 +326,7 @@ def kl_trajectory(
     init: Optional[np.ndarray] = None,
     iterations: int = 1000,
     every: int = 10,
+    gradient_noise: Optional[np.ndarray] = None,
 ):
     """KL(law of w_bar_k || posterior) for k = 0, every, 2 every, ..., ``iterations``: the
     "analytical" curves of Figure 1(a), from the exact moment recursion
@@ -298,7 +336,7 @@ def kl_trajectory(
     Returns ``(ks, kl)`` arrays.
     """
     n, dim = problem.n, problem.dim
-    F, c, Q, nd, _, _ = _recursion(problem, laplacian, step_size, beta, gamma)
+    F, c, Q, nd, _, _ = _recursion(problem, laplacian, step_size, beta, gamma, gradient_noise)
     start = np.zeros(dim) if init is None else np.asarray(init, np.float64).reshape(dim)
     mean = np.zeros(F.shape[0])
     mean[:nd] = np.tile(start, n)
