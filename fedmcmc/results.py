@@ -73,7 +73,11 @@ class Result:
         leaves = jax.tree_util.tree_leaves(self.samples)
         chains, draws = leaves[0].shape[:2]
         return np.concatenate(
-            [np.asarray(leaf).reshape(chains, draws, -1) for leaf in leaves], axis=-1
+            [
+                np.asarray(leaf).reshape(chains, draws, int(np.prod(leaf.shape[2:], dtype=int)))
+                for leaf in leaves
+            ],
+            axis=-1,
         )
 
     def to_arviz(self):
@@ -85,7 +89,9 @@ class Result:
         stats = {k: np.asarray(v) for k, v in self.sample_stats.items()}
         attrs = {"algorithm": self.algorithm}
         for key, value in self.info.items():
-            if isinstance(value, (int, float, str, bool, np.integer, np.floating)):
+            if isinstance(value, (bool, np.bool_)):
+                attrs[key] = int(value)  # NetCDF has no boolean attributes
+            elif isinstance(value, (int, float, str, np.integer, np.floating)):
                 attrs[key] = value.item() if hasattr(value, "item") else value
         return az.from_dict(
             posterior=posterior,

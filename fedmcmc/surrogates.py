@@ -210,6 +210,26 @@ def fit_exact(flat_model: FlatModel, federation: Federation, theta0: jax.Array, 
     return surrogates
 
 
+def laplace_of_product(flat_model: FlatModel, surrogates: GaussianSurrogates, theta0: jax.Array):
+    """Mode and precision of prior x prod_s q_s: the server's cheap Gaussian guess of the posterior.
+
+    The prior enters through its second-order expansion at ``theta0``; the
+    linear system is solved with the PSD-projected total precision. Returns
+    ``(mode, precision)`` (precision diagonal when the surrogates are).
+    """
+    total = product(surrogates)
+    prior_grad = flat_model.grad_log_prior(theta0)
+    prior_hessian = jax.hessian(flat_model.log_prior)(theta0)
+    if surrogates.diagonal:
+        precision = jnp.maximum(total.precision - jnp.diagonal(prior_hessian), 0.0)
+        shift = total.shift + prior_grad - jnp.diagonal(prior_hessian) * theta0
+        mode = jnp.where(precision > 0, shift / jnp.where(precision > 0, precision, 1.0), theta0)
+        return mode, precision
+    precision = _project_psd(total.precision - prior_hessian)
+    shift = total.shift + prior_grad - prior_hessian @ theta0
+    return jnp.linalg.lstsq(precision, shift)[0], precision
+
+
 def fit_laplace(
     flat_model: FlatModel,
     federation: Federation,
@@ -217,7 +237,9 @@ def fit_laplace(
     diagonal=None,
     iterations: int = 200,
 ):
-    """Laplace surrogates: Taylor expansion of each client's log likelihood at its mode."""
+    """Laplace surrogates: Taylor expansion of each client's log likelihood at its mode.
+
+    """
     diagonal = _resolve_diagonal(diagonal, flat_model.dim)
     padded = federation.padded()
     modes = _find_modes(flat_model, padded, theta0, federation.num_clients, iterations)

@@ -159,7 +159,7 @@ class _LangevinAlgorithm(Algorithm):
                 f"{self.name}: {len(details)} chain(s) diverged (non-finite or |theta| > "
                 f"{self.divergence_threshold:g}): {text}. The draws made before are in "
                 "error.result; lower step_size"
-                + (", or keep FSGLD's alpha_warmup on" if self.name == "FSGLD" else ""),
+                + (", or keep FSGLD's trust_radius safeguard on" if self.name == "FSGLD" else ""),
                 result,
                 info["diverged_chains"],
                 details,
@@ -306,19 +306,38 @@ class FSGLD(DSGLD):
         ``(precision, shift)`` of shapes ``(S, d[, d])`` and ``(S, d)``.
     alpha:
         Exploration constant of Remark 1 (equation (7)); 1 is the paper's method.
+    trust_radius:
+        The safeguard against the divergence of conducive gradients far from
+        the surrogates' modes (see below). The conducive gradient is scaled by
+        ``min(1, trust_radius / ||theta - m||_P)``, where ``m`` and ``P`` are
+        the mode and precision of prior x prod_s q_s. ``"auto"`` (default) puts
+        the radius at the 1 - 1e-4 quantile of that Gaussian (chi distribution
+        with d degrees of freedom); ``None`` switches the safeguard off.
     alpha_warmup:
-        Iterations over which alpha ramps from 0 to ``alpha`` at the start of
-        the run (see ``fsgld.py``: conducive gradients can repel a chain that
-        starts far from the surrogates' modes). ``None`` (default) ramps over
-        the first half of burn-in, measured in iterations; 0 switches the
-        safeguard off. A ramp longer than burn-in is a ``ValueError``: it
-        would change the target of kept draws.
+        Iterations over which alpha ramps linearly from 0 at the start of the
+        run (default 0: no ramp). It must end within burn-in.
     diagonal:
         Diagonal surrogate precisions; ``None`` chooses diagonal above 500
         parameters.
     surrogate_draws, surrogate_burn_in, surrogate_step_size:
         The ``"sgld"`` surrogate's K draws (3000 in the paper), burn-in and
         step size (default: ``step_size``).
+
+    Far from the surrogates' modes
+    ------------------------------
+    During a visit to client s the estimator's curvature is
+    ``(N_s/f_s) H_s(theta) - P_s/f_s + sum_r P_r``. Where the client's true
+    curvature H_s is much smaller than at the point where P_s was fitted (a
+    log link far from the data, a saturated logistic), ``-P_s/f_s`` wins and
+    the chain is repelled exponentially for the whole visit: measured on a
+    Poisson regression with 8 non-IID clients started at zero, 3 of 16 chains
+    reach 1e10 within 40 iterations. Ramping alpha during burn-in only delays
+    it (the chain diverges right after the ramp). The trust region fixes it
+    without changing what is sampled: the damping depends on theta, never on
+    the client, so ``E_s[c(theta) g_s(theta)] = 0`` and the estimator stays
+    unbiased (Lemma 1) at every theta; far away the damped conducive term is
+    bounded, so the chain is as stable as DSGLD there; inside the radius it
+    is exactly FSGLD. See ``tests/test_fsgld_robustness.py``.
     """
 
     name = "FSGLD"
@@ -331,11 +350,12 @@ class FSGLD(DSGLD):
         *,
         surrogate: Any = "laplace",
         alpha: float = 1.0,
-        alpha_warmup: Optional[int] = None,
+        alpha_warmup: int = 0,
         diagonal: Optional[bool] = None,
         surrogate_draws: int = 3000,
         surrogate_burn_in: int = 1000,
         surrogate_step_size: Optional[float] = None,
+        trust_radius: Any = "auto",
         noise: bool = True,
     ):
         super().__init__(step_size, batch_size, local_steps, noise=noise)
@@ -348,15 +368,16 @@ class FSGLD(DSGLD):
             raise ValueError("surrogate must be a name or a (precision, shift) pair")
         self.surrogate = surrogate
         self.alpha = check_nonnegative_float(alpha, "alpha")
-        if alpha_warmup is not None:
-            alpha_warmup = check_nonnegative_int(alpha_warmup, "alpha_warmup")
-        self.alpha_warmup = alpha_warmup
+        self.alpha_warmup = check_nonnegative_int(alpha_warmup, "alpha_warmup")
         self.diagonal = diagonal
         self.surrogate_draws = check_positive_int(surrogate_draws, "surrogate_draws")
         self.surrogate_burn_in = check_nonnegative_int(surrogate_burn_in, "surrogate_burn_in")
         if surrogate_step_size is not None:
             check_positive_float(surrogate_step_size, "surrogate_step_size")
         self.surrogate_step_size = surrogate_step_size
+        if trust_radius not in ("auto", None):
+            trust_radius = check_positive_float(trust_radius, "trust_radius")
+        self.trust_radius = trust_radius
 
     def fit_surrogates(self, model, federation, init, seed: int = 0):
         """The clients' surrogates (what each client sends once), as natural parameters."""
@@ -388,7 +409,7 @@ class FSGLD(DSGLD):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         self._burn_in_iterations = burn_in * thin
-        if self.alpha_warmup is not None and self.alpha_warmup > burn_in * thin:
+        if self.alpha_warmup > burn_in * thin:
             raise ValueError(
                 f"alpha_warmup={self.alpha_warmup} iterations is longer than burn-in "
                 f"({burn_in} draws x thin {thin} = {burn_in * thin} iterations): kept draws "
@@ -404,8 +425,6 @@ class FSGLD(DSGLD):
         surrogates = self._fit(flat_model, federation, theta0, key)
         global_surrogate = surrogate_module.product(surrogates)
         warmup = self.alpha_warmup
-        if warmup is None:
-            warmup = self._burn_in_iterations // 2
         info.update(
             surrogate=self.surrogate if isinstance(self.surrogate, str) else "given",
             surrogate_diagonal=surrogates.diagonal,
@@ -416,8 +435,20 @@ class FSGLD(DSGLD):
             surrogate_messages=2 * federation.num_clients,
             surrogate_floats=2 * federation.num_clients * surrogates.floats_per_client,
         )
+        trust_region = None
+        if self.trust_radius is not None:
+            center, metric = surrogate_module.laplace_of_product(flat_model, surrogates, theta0)
+            radius = self.trust_radius
+            if radius == "auto":
+                from scipy.stats import chi2
+
+                radius = float(np.sqrt(chi2.ppf(1 - 1e-4, df=flat_model.dim)))
+            trust_region = fsgld.TrustRegion(center=center, precision=metric, radius=radius)
+            info["trust_radius"] = radius
+        else:
+            info["trust_radius"] = None
         return fsgld.build_kernel(
             flat_model, data, weights, self.batch_size, self.local_steps,
             as_schedule(self.step_size), surrogates, global_surrogate,
-            fsgld.alpha_schedule(self.alpha, warmup), self.noise,
+            fsgld.alpha_schedule(self.alpha, warmup), self.noise, trust_region,
         )

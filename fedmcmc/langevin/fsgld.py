@@ -12,14 +12,17 @@ Far from the surrogates' modes: during a visit the estimator's curvature is
 (N_s/f_s) H_s(theta) - P_s/f_s + sum_r P_r. Where the client's true curvature
 H_s(theta) is much smaller than at its mode (a log link far from the data, a
 saturated logistic), -P_s/f_s dominates, the drift turns repulsive and the
-chain can run off. ``alpha_warmup`` ramps alpha linearly from 0 to its value
-over the first iterations (DSGLD first brings the chain near the posterior);
-the ramp ends before the first kept draw, so the target is unchanged.
+chain can run off. :func:`trust_damping` scales the conducive gradient by a
+function of theta alone, which keeps the estimator unbiased and bounds the
+term far from the surrogates (the default of ``fm.FSGLD``). An optional ramp
+of alpha (:func:`alpha_schedule`) can further soften the start of a run.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple, Optional
+
+import jax
 
 import jax.numpy as jnp
 
@@ -39,6 +42,33 @@ def alpha_schedule(alpha: float, warmup_iterations: int) -> Callable:
     return lambda t: alpha * jnp.minimum(1.0, t.astype(jnp.float32) / warmup_iterations)
 
 
+class TrustRegion(NamedTuple):
+    """Where conducive gradients are trusted: a ball of ``radius`` around ``center`` in the
+    metric ``precision`` (full or diagonal) -- the Laplace fit of prior x prod_s q_s."""
+
+    center: jax.Array
+    precision: jax.Array
+    radius: float
+
+
+def trust_damping(theta: jax.Array, region: TrustRegion) -> jax.Array:
+    """c(theta) = min(1, radius / ||theta - center||_precision).
+
+    The damping depends on theta only, never on the client, so E_s[c(theta) g_s(theta)]
+    = c(theta) E_s[g_s(theta)] = 0: Lemma 1's unbiasedness holds at every theta. Far
+    away, c(theta) g_s(theta) stays bounded (g_s grows linearly), so the chain is as
+    stable there as DSGLD; inside the ball (radius at the 1 - 1e-4 quantile of the
+    surrogate by default) the estimator is exactly FSGLD's.
+    """
+    delta = theta - region.center
+    if region.precision.ndim == 1:
+        distance2 = jnp.sum(region.precision * delta**2)
+    else:
+        distance2 = delta @ (region.precision @ delta)
+    distance = jnp.sqrt(jnp.maximum(distance2, 0.0))
+    return jnp.minimum(1.0, region.radius / jnp.maximum(distance, 1e-30))
+
+
 def build_kernel(
     flat_model: FlatModel,
     data: ConcatenatedData,
@@ -50,14 +80,22 @@ def build_kernel(
     global_surrogate: ProductSurrogate,
     alpha: Callable,
     noise: bool = True,
+    trust_region: Optional[TrustRegion] = None,
 ):
-    """The FSGLD update (5) with the exploration constant alpha of equation (7)."""
+    """The FSGLD update (5) with the exploration constant alpha of equation (7).
+
+    ``alpha(t)`` is the (possibly ramped) constant; with a ``trust_region`` the
+    conducive gradient is further scaled by :func:`trust_damping`.
+    """
 
     def estimator(theta, batch, client, client_size, iteration):
         f_s = client_weights[client]
         base = dsgld_gradient(flat_model, theta, batch, client_size, batch_size, f_s)
         conducive = conducive_gradient(theta, client, f_s, surrogates, global_surrogate)
-        return base + alpha(iteration).astype(theta.dtype) * conducive
+        scale = alpha(iteration).astype(theta.dtype)
+        if trust_region is not None:
+            scale = scale * trust_damping(theta, trust_region).astype(theta.dtype)
+        return base + scale * conducive
 
     return build_federated_kernel(
         estimator, data, client_weights, batch_size, local_steps, schedule, noise
