@@ -23,7 +23,7 @@ def worker_gradients(flat_model, padded, theta):
     return jax.vmap(one)(padded.data, padded.mask)
 
 
-def federated_newton(flat_model, padded, theta0, max_rounds=100, tol=1e-9):
+def federated_newton(flat_model, padded, theta0, max_rounds=200, tol=1e-12):
     """Mode of the posterior and the Hessian of ``U = -log posterior`` there.
 
     Returns ``(mode, hessian, rounds)``.
@@ -61,6 +61,12 @@ def federated_newton(flat_model, padded, theta0, max_rounds=100, tol=1e-9):
         x = x_new
         damping = max(damping / 10.0, 1e-12)
         u, g, h = value_grad_hess(x)
-        if np.max(np.abs(step)) < tol * (1.0 + float(jnp.max(jnp.abs(x)))):
+        # Converged when the Newton decrement g^T H^{-1} g is negligible (a damped step can be
+        # tiny far from the mode, so the step length is no criterion).
+        try:
+            decrement = float(np.asarray(g) @ np.linalg.solve(np.asarray(h), np.asarray(g)))
+        except np.linalg.LinAlgError:
+            decrement = np.inf
+        if 0 <= decrement < tol:
             break
     return x, np.asarray(h, dtype=np.float64), rounds

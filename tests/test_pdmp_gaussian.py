@@ -1,0 +1,142 @@
+"""Fed-PDMC on exact Gaussian posteriors: trajectory mean and covariance, single machine and federated.
+
+Tolerances come from the effective sample size (batch means over process time,
+``info["ess_batch_means"]``, or ArviZ's ESS of draws): |z| < 4 for means, the
+2/ESS law for variances, (1 - r^2)/sqrt(ESS) for correlations. Each check is
+also run on a deliberately broken sampler (the likelihood tempered by 1/2, as a
+worker that under-reports its rate would do), which it must reject.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedmcmc as fm
+from fedmcmc.pdmp import boomerang, bps, models, zigzag
+from fedmcmc.pdmp.dynamics import elliptic_flow
+from stats import check_gaussian_moments, variance_ratio_bounds
+
+D = 3
+S = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.5], [0.2, -0.5, 1.5]])  # correlated
+
+
+def trajectory_check(info, mean, cov, z=4.0):
+    """ESS-based check of the exact trajectory averages in ``info``."""
+    ess = np.asarray(info["ess_batch_means"])
+    m = np.asarray(info["trajectory_mean"])
+    c = np.asarray(info["trajectory_cov"])
+    sd = np.sqrt(np.diag(cov))
+    z_mean = (m - mean) / (sd / np.sqrt(ess))
+    low, high = variance_ratio_bounds(ess, z)
+    ratio = np.diag(c) / np.diag(cov)
+    r_true = cov / np.outer(sd, sd)
+    r_est = c / np.sqrt(np.outer(np.diag(c), np.diag(c)))
+    r_tol = z * (1 - r_true**2) / np.sqrt(ess.min()) + 1e-9
+    ok_corr = bool(np.all(np.abs(r_est - r_true) < r_tol))
+    ok = bool(np.all(np.abs(z_mean) < z) and np.all((ratio > low) & (ratio < high)) and ok_corr)
+    return ok, {"z_mean": z_mean, "var_ratio": ratio, "corr_err": np.abs(r_est - r_true), "ess": ess}
+
+
+# ------------------------------------------------------------ single machine
+def _single_draws(spec_name, logdensity, n_events, seed, dt):
+    """Run a single-machine kernel for ``n_events`` skeleton points and read positions every ``dt``."""
+    with jax.enable_x64(True):
+        prec = np.linalg.inv(S)
+        if spec_name == "zigzag":
+            kernel = zigzag.build_kernel(logdensity, exact=True)
+        elif spec_name == "bps":
+            kernel = bps.build_kernel(logdensity, exact=True, refresh_rate=0.5)
+        else:
+            kernel = boomerang.build_kernel(logdensity, (np.zeros(D), 1.5 * S),
+                                            hessian_bound=2 * np.abs(prec), refresh_rate=0.3)
+        state = kernel.init(jnp.zeros(D), jax.random.key(seed))
+
+        @jax.jit
+        def run(state):
+            def body(s, key):
+                s = kernel.step(key, s)
+                return s, (s.t, s.x, s.v)
+
+            return jax.lax.scan(body, state, jax.random.split(jax.random.key(seed + 1), n_events))[1]
+
+        t, x, v = (np.asarray(a) for a in run(state))
+    grid = np.arange(dt, t[-1], dt)
+    k = np.searchsorted(t, grid, side="right") - 1
+    ok = k >= 0
+    grid, k = grid[ok], k[ok]
+    if spec_name == "boomerang":
+        draws = np.asarray(jax.vmap(lambda x0, v0, s: elliptic_flow(x0, v0, s, jnp.zeros(D))[0])(
+            x[k], v[k], grid - t[k]))
+    else:
+        draws = x[k] + v[k] * (grid - t[k])[:, None]
+    draws = draws[len(draws) // 10:]
+    n = len(draws) // 4
+    return draws[: 4 * n].reshape(4, n, D)  # four pseudo-chains for the ESS estimate  # four pseudo-chains for the ESS estimate
+
+
+@pytest.mark.parametrize("name", ["zigzag", "bps", "boomerang"])
+def test_single_machine_kernels_sample_correlated_gaussian(name):
+    mean = np.array([1.0, -1.0, 0.5])
+    prec = np.linalg.inv(S)
+    good = _single_draws(name, lambda x: -0.5 * (x - mean) @ prec @ (x - mean), 40_000, 0, 0.5)
+    out = check_gaussian_moments(good, mean, S)
+    assert out["ok"], out
+    # Broken: a sampler whose rate is half the right one samples N(mean, 2 S).
+    bad = _single_draws(name, lambda x: -0.25 * (x - mean) @ prec @ (x - mean), 40_000, 0, 0.5)
+    assert not check_gaussian_moments(bad, mean, S)["ok"]
+
+
+# ----------------------------------------------------------------- federated
+def _problem(num_workers, tempered=False):
+    lik_cov = 20.0 * S
+    model = models.gaussian_model(lik_cov, prior_cov=4.0 * np.eye(D))
+    y = models.gaussian_data(3, 160, np.array([1.0, -1.0, 0.5]), lik_cov)
+    clients = models.split_by_projection(y, num_workers, direction=[1.0, 0.3, -0.2])  # non-IID
+    mean, cov = models.gaussian_posterior(model, clients)
+    if tempered:
+        model = models.gaussian_model(2 * lik_cov, prior_cov=4.0 * np.eye(D))
+    return model, fm.Federation(clients), mean, cov
+
+
+ALGORITHMS = {
+    "zigzag": lambda: fm.FedZigZag(sample_interval=0.2),
+    "bps": lambda: fm.FedBPS(sample_interval=0.2, refresh_rate=1.0),
+    "boomerang": lambda: fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.3),
+}
+
+
+def _run(name, num_workers, tempered=False, draws=1500):
+    model, fed, mean, cov = _problem(num_workers, tempered)
+    result = fm.sample(model, fed, ALGORITHMS[name](), init=np.zeros(D, np.float32),
+                       num_samples=draws, burn_in=100, chains=2, seed=num_workers, progress=False,
+                       rate_diagnostics=False)
+    return result, mean, cov
+
+
+def _check_federated(name, num_workers):
+    result, mean, cov = _run(name, num_workers)
+    ok, figures = trajectory_check(result.info, mean, cov)
+    assert ok, figures
+    assert check_gaussian_moments(result.flat_samples(), mean, cov)["ok"]
+    assert result.info["bound_violations"] == 0
+    assert len(result.info["events_per_worker"]) == num_workers
+    assert result.samples.shape == (2, 1500, D)
+
+
+@pytest.mark.parametrize("name", ["zigzag", "bps", "boomerang"])
+def test_federated_gaussian_four_non_iid_workers(name):
+    _check_federated(name, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_workers", [1, 16])
+@pytest.mark.parametrize("name", ["zigzag", "bps", "boomerang"])
+def test_federated_gaussian_one_and_sixteen_workers(name, num_workers):
+    _check_federated(name, num_workers)
+
+
+def test_federated_check_rejects_a_broken_sampler():
+    result, mean, cov = _run("zigzag", 4, tempered=True)
+    ok, figures = trajectory_check(result.info, mean, cov)
+    assert not ok, figures
