@@ -240,6 +240,8 @@ class DSGLD(_LangevinAlgorithm):
     """
 
     name = "DSGLD"
+    #: "ray": one Ray actor per client (``fedmcmc.engines.ray_engine``)
+    engines = ("local", "ray")
 
     def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True):
         self.step_size = _check_step_size(step_size)
@@ -255,6 +257,13 @@ class DSGLD(_LangevinAlgorithm):
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
+        if engine == "ray":
+            from ..engines import ray_engine
+
+            return ray_engine.sample(
+                self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
+                thin=thin, chains=chains, seed=seed, progress=progress, **options,
+            )
         run_options = split_run_options(options, self.name)
         _check_batch_size(self.batch_size, federation, per_client=True)
         flat_model = model.flatten(init)

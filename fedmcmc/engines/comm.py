@@ -1,0 +1,192 @@
+"""The communication interface the distributed protocols are written against.
+
+A protocol (the server side of an algorithm: the hand-off scheduler of
+DSGLD/FSGLD, ...) talks to *client endpoints* only through a
+:class:`Transport`:
+
+* ``transport.call(client, method, *args) -> Pending`` sends one message (a
+  method call with its arguments) to client ``client``;
+* ``transport.wait(pendings, timeout) -> (ready, not_ready)`` waits for replies;
+* ``transport.result(pending)`` returns the reply (or raises
+  :class:`ClientFailure` when the client died or failed).
+
+Every message in both directions goes through :meth:`Transport.record`, which
+counts messages and bytes per direction and, with ``audit=True``, keeps the
+shape and dtype of every array a client sent (the test of "no raw data leaves
+a client" reads that log). Two implementations: :class:`InProcessTransport`
+(client objects in this process, calls run synchronously -- the reference the
+benchmark compares against) and ``ray_engine.RayTransport`` (one Ray actor per
+client).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+__all__ = [
+    "ClientFailure",
+    "ClientFailureError",
+    "Pending",
+    "Transport",
+    "InProcessTransport",
+    "payload_arrays",
+]
+
+
+class ClientFailure(Exception):
+    """A client endpoint died, raised, or did not answer within the timeout."""
+
+    def __init__(self, client: int, reason: str):
+        super().__init__(f"client {client}: {reason}")
+        self.client = int(client)
+        self.reason = reason
+
+
+class ClientFailureError(RuntimeError):
+    """The run stopped because a client failed (``on_client_failure="stop"``).
+
+    ``result`` holds every draw received before the failure (chains that had
+    fewer draws than others are padded with NaN; ``result.info["draws_per_chain"]``
+    says how many are real); ``client`` and ``reason`` say what failed.
+    """
+
+    def __init__(self, message: str, result, client: int, reason: str):
+        super().__init__(message)
+        self.result = result
+        self.client = client
+        self.reason = reason
+
+
+def payload_arrays(payload: Any) -> List[np.ndarray]:
+    """The arrays of a message (every leaf of the pytree that is an array)."""
+    arrays = []
+    for leaf in jax.tree_util.tree_leaves(payload):
+        if isinstance(leaf, (np.ndarray, jax.Array)) or np.ndim(leaf) > 0:
+            arrays.append(np.asarray(leaf))
+    return arrays
+
+
+def payload_size(payload: Any) -> Tuple[int, int]:
+    """(bytes, floats) of a message: arrays by their buffers, Python scalars 8 bytes each."""
+    nbytes = 0
+    floats = 0
+    for leaf in jax.tree_util.tree_leaves(payload):
+        if isinstance(leaf, (np.ndarray, jax.Array)) or np.ndim(leaf) > 0:
+            array = np.asarray(leaf)
+            nbytes += array.nbytes
+            floats += array.size
+        elif isinstance(leaf, (int, float, bool, np.generic)):
+            nbytes += 8
+            floats += 1
+    return nbytes, floats
+
+
+class Pending:
+    """A message sent to a client whose reply has not been read yet."""
+
+    __slots__ = ("client", "method", "handle", "sent_at", "tag")
+
+    def __init__(self, client: int, method: str, handle: Any, tag: Any = None):
+        self.client = client
+        self.method = method
+        self.handle = handle
+        self.sent_at = time.perf_counter()
+        self.tag = tag
+
+
+class Transport:
+    """Counts and (optionally) audits messages; subclasses deliver them."""
+
+    def __init__(self, num_clients: int, audit: bool = False):
+        self.num_clients = int(num_clients)
+        self.audit = bool(audit)
+        self.counts = {"to_clients": 0, "from_clients": 0}
+        self.bytes = {"to_clients": 0, "from_clients": 0}
+        self.floats = {"to_clients": 0, "from_clients": 0}
+        #: with ``audit``: one entry per message a client sent:
+        #: ``(client, method, [(shape, dtype), ...])``
+        self.sent_by_clients: List[tuple] = []
+
+    # -- accounting
+    def record(self, direction: str, client: int, method: str, payload: Any) -> None:
+        nbytes, floats = payload_size(payload)
+        self.counts[direction] += 1
+        self.bytes[direction] += nbytes
+        self.floats[direction] += floats
+        if self.audit and direction == "from_clients":
+            self.sent_by_clients.append(
+                (
+                    int(client),
+                    method,
+                    [(tuple(a.shape), str(a.dtype)) for a in payload_arrays(payload)],
+                )
+            )
+
+    def info(self) -> Dict[str, Any]:
+        out = {
+            "messages_to_clients": self.counts["to_clients"],
+            "messages_from_clients": self.counts["from_clients"],
+            "bytes_to_clients": self.bytes["to_clients"],
+            "bytes_from_clients": self.bytes["from_clients"],
+            "messages": self.counts["to_clients"] + self.counts["from_clients"],
+            "floats_communicated": self.floats["to_clients"] + self.floats["from_clients"],
+        }
+        if self.audit:
+            out["client_message_audit"] = [
+                [c, m, [[list(s), d] for s, d in arrays]] for c, m, arrays in self.sent_by_clients
+            ]
+        return out
+
+    # -- delivery (subclasses)
+    def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
+        raise NotImplementedError
+
+    def wait(self, pendings: Sequence[Pending], timeout: Optional[float]) -> Tuple[list, list]:
+        raise NotImplementedError
+
+    def result(self, pending: Pending) -> Any:
+        raise NotImplementedError
+
+    def alive(self, client: int) -> bool:
+        return True
+
+    def kill(self, client: int) -> None:  # pragma: no cover - optional
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class InProcessTransport(Transport):
+    """Client objects living in this process; a call runs synchronously when sent.
+
+    Messages are counted exactly as on Ray, so the two transports can be
+    compared message for message; the reply is computed at ``call`` time.
+    """
+
+    def __init__(self, clients: Sequence[Any], audit: bool = False):
+        super().__init__(len(clients), audit)
+        self.clients = list(clients)
+
+    def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
+        self.record("to_clients", client, method, args)
+        try:
+            reply = getattr(self.clients[client], method)(*args)
+            handle = ("ok", reply)
+        except Exception as error:  # a failing client, as a remote one would
+            handle = ("error", error)
+        return Pending(client, method, handle, tag)
+
+    def wait(self, pendings, timeout):
+        return list(pendings), []
+
+    def result(self, pending: Pending) -> Any:
+        status, value = pending.handle
+        if status == "error":
+            raise ClientFailure(pending.client, f"{type(value).__name__}: {value}")
+        self.record("from_clients", pending.client, pending.method, value)
+        return value
