@@ -137,10 +137,10 @@ def logistic_data(seed: int, n: int, d: int, num_workers: int = 1, non_iid: bool
 def ar1_model(nu: float = 3.0, prior_scale: Optional[float] = None) -> Model:
     """AR(1) ``Y_k = c + x Y_{k-1} + eps_k``, eps ~ Student-t(nu) (Section 6.3, F.3).
 
-    Parameters ``{"x": (), "c": ()}``; data rows ``{"prev": y_{k-1}, "next": y_k}``
+    Parameters ``{"x": (), "c": ()}`` (flattened in the order (c, x)); data rows ``{"prev": y_{k-1}, "next": y_k}``
     (every transition of every observed trajectory). ``h(z) = (nu+1)/2 log(1 + z^2/nu)``
     and ``|h''| <= (nu+1)/nu`` give the per-row elementwise Hessian bound
-    ``(nu+1)/nu |(y, 1)(y, 1)^T|`` (F.3; its spectral norm ``(nu+1)/nu (1 + y^2)`` is below
+    ``(nu+1)/nu |(1, y)(1, y)^T|`` in the flat order (c, x) (F.3; its spectral norm ``(nu+1)/nu (1 + y^2)`` is below
     the paper's ``(1 + y)^2`` form). The prior is flat (as in the paper) unless ``prior_scale``.
     (F.3's bound on ``|h'|`` should read ``(nu+1)/(2 sqrt(nu))``; it is not used here.)
     """
@@ -155,7 +155,8 @@ def ar1_model(nu: float = 3.0, prior_scale: Optional[float] = None) -> Model:
         return -0.5 * (nu + 1.0) * jnp.log1p(z * z / nu)
 
     def hessian_bound(row):
-        u = jnp.stack([jnp.abs(row["prev"]), jnp.ones_like(row["prev"])])
+        # flat parameter order is that of ravel_pytree: sorted keys, (c, x)
+        u = jnp.stack([jnp.ones_like(row["prev"]), jnp.abs(row["prev"])])
         return (nu + 1.0) / nu * jnp.outer(u, u)
 
     return Model(log_prior, log_likelihood, name="ar1_student_t", hessian_bound=hessian_bound,
