@@ -1,0 +1,195 @@
+"""Speed of the federated Langevin kernels, as ratios against peers measured in the same run.
+
+Per-step time (compilation excluded, median of repeats) on logistic regression
+(d = 20, 10 clients x 1,000 examples, batch 50):
+
+1. fedmcmc SGLD vs BlackJAX's ``sgld`` kernel, both in a jitted ``lax.scan``;
+2. FSGLD vs DSGLD (the cost of conducive gradients);
+3. FSGLD with 1,000 clients vs 10 (the product surrogate is precomputed);
+4. fedmcmc FSGLD vs a NumPy per-step loop in the style of the authors' notebook;
+5. 256 vmapped FSGLD chains on the section 5.1 problem: time per chain-step.
+
+Run:  python benchmarks/bench_langevin.py [--steps N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedmcmc as fm
+from fedmcmc import surrogates
+from fedmcmc.langevin import dsgld, fsgld, sgld
+from fedmcmc.langevin.schedules import constant
+
+DIM, BATCH, STEP = 20, 50, 1e-4
+
+
+def logistic_federation(num_clients, size=1000, seed=0):
+    rng = np.random.default_rng(seed)
+    truth = rng.normal(size=DIM) / np.sqrt(DIM)
+    clients = []
+    for _ in range(num_clients):
+        x = (rng.normal(size=(size, DIM)) + rng.normal(size=DIM) * 0.5).astype(np.float32)
+        y = (rng.random(size) < 1 / (1 + np.exp(-x @ truth))).astype(np.float32)
+        clients.append({"x": x, "y": y})
+    return fm.Federation(clients)
+
+
+def log_prior(w):
+    return -0.5 * jnp.sum(w**2)
+
+
+def log_likelihood(w, row):
+    logit = jnp.dot(row["x"], w)
+    return row["y"] * logit - jnp.logaddexp(0.0, logit)
+
+
+MODEL = fm.Model(log_prior=log_prior, log_likelihood=log_likelihood)
+
+
+def time_scan(step, state, steps, repeats=5):
+    """Median seconds per step of ``step(key, state) -> state`` in a jitted scan."""
+
+    @jax.jit
+    def run(state, key):
+        keys = jax.random.split(key, steps)
+        return jax.lax.scan(lambda s, k: (step(k, s), None), state, keys)[0]
+
+    jax.block_until_ready(run(state, jax.random.key(0)))  # compile
+    times = []
+    for r in range(repeats):
+        started = time.perf_counter()
+        jax.block_until_ready(run(state, jax.random.key(r + 1)))
+        times.append(time.perf_counter() - started)
+    return float(np.median(times)) / steps
+
+
+def fedmcmc_kernels(federation):
+    flat = MODEL.flatten(jnp.zeros(DIM))
+    data = federation.concatenated()
+    weights = jnp.asarray(federation.weights, jnp.float32)
+    theta0 = jnp.zeros(DIM)
+    fitted = surrogates.fit_surrogates("laplace", flat, federation, theta0)
+    kernels = {
+        "sgld": (sgld.build_kernel(flat, data, BATCH, constant(STEP)), sgld.init(theta0)),
+        "dsgld": (
+            dsgld.build_kernel(flat, data, weights, BATCH, 50, constant(STEP)),
+            dsgld.init(theta0, federation.num_clients),
+        ),
+        "fsgld": (
+            fsgld.build_kernel(
+                flat, data, weights, BATCH, 50, constant(STEP), fitted, surrogates.product(fitted),
+                fsgld.alpha_schedule(1.0, 0),
+            ),
+            dsgld.init(theta0, federation.num_clients),
+        ),
+    }
+    return kernels, fitted
+
+
+def blackjax_sgld(federation):
+    import blackjax
+
+    pooled = jax.tree_util.tree_map(jnp.asarray, federation.pooled())
+    total = federation.total_size
+    estimator = blackjax.sgmcmc.gradients.grad_estimator(log_prior, log_likelihood, total)
+    algorithm = blackjax.sgld(estimator)
+
+    def step(key, position):
+        key_batch, key_step = jax.random.split(key)
+        rows = jax.random.randint(key_batch, (BATCH,), 0, total)
+        batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], pooled)
+        # BlackJAX writes x + eps grad + N(0, 2 eps): eps = h / 2
+        return algorithm.step(key_step, position, batch, STEP / 2)
+
+    return step, algorithm.init(jnp.zeros(DIM))
+
+
+def numpy_fsgld(federation, fitted, steps, local_steps=50, seed=0):
+    """A plain NumPy FSGLD loop: one Python iteration per step, as in the authors' notebook."""
+    rng = np.random.default_rng(seed)
+    xs = [np.asarray(c["x"], np.float64) for c in federation.clients]
+    ys = [np.asarray(c["y"], np.float64) for c in federation.clients]
+    f = federation.weights
+    precisions = np.asarray(fitted.precision, np.float64)
+    shifts = np.asarray(fitted.shift, np.float64)
+    total_precision, total_shift = precisions.sum(0), shifts.sum(0)
+    theta = np.zeros(DIM)
+    started = time.perf_counter()
+    client = 0
+    for t in range(steps):
+        if t % local_steps == 0:
+            client = rng.choice(len(xs), p=f)
+        rows = rng.integers(0, xs[client].shape[0], BATCH)
+        x, y = xs[client][rows], ys[client][rows]
+        p = 1 / (1 + np.exp(-x @ theta))
+        grad = -theta + xs[client].shape[0] / (f[client] * BATCH) * (x.T @ (y - p))
+        conducive = (total_shift - total_precision @ theta) - (
+            shifts[client] - precisions[client] @ theta
+        ) / f[client]
+        theta = theta + 0.5 * STEP * (grad + conducive) + np.sqrt(STEP) * rng.normal(size=DIM)
+    return (time.perf_counter() - started) / steps
+
+
+def many_chains_per_chain_step(chains=256, steps=2000):
+    rng = np.random.default_rng(0)
+    centres = rng.uniform(-6, 6, size=(10, 2))
+    federation = fm.Federation([rng.normal(c, 1.0, size=(200, 2)).astype(np.float32) for c in centres])
+    model = fm.Model(
+        log_prior=lambda mu: -0.5 * jnp.sum(mu**2),
+        log_likelihood=lambda mu, x: -0.5 * jnp.sum((x - mu) ** 2),
+    )
+    flat = model.flatten(jnp.zeros(2))
+    fitted = surrogates.fit_surrogates("exact", flat, federation, jnp.zeros(2))
+    step = fsgld.build_kernel(
+        flat, federation.concatenated(), jnp.asarray(federation.weights, jnp.float32), 10, 200,
+        constant(1e-4), fitted, surrogates.product(fitted), fsgld.alpha_schedule(1.0, 0),
+    )
+    state = jax.tree_util.tree_map(
+        lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape), dsgld.init(jnp.zeros(2), 10)
+    )
+
+    def vmapped(key, states):
+        return jax.vmap(step)(jax.random.split(key, chains), states)
+
+    return time_scan(vmapped, state, steps) / chains
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20000)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    steps = 2000 if args.quick else args.steps
+    print(f"jax {jax.__version__}, devices {jax.devices()}, {steps} steps per timing")
+
+    federation = logistic_federation(10)
+    kernels, fitted = fedmcmc_kernels(federation)
+    times = {name: time_scan(step, state, steps) for name, (step, state) in kernels.items()}
+    bj_step, bj_state = blackjax_sgld(federation)
+    times["blackjax_sgld"] = time_scan(bj_step, bj_state, steps)
+
+    big = logistic_federation(1000)
+    big_kernels, _ = fedmcmc_kernels(big)
+    times["fsgld_1000_clients"] = time_scan(*big_kernels["fsgld"], steps)
+    times["numpy_fsgld"] = numpy_fsgld(federation, fitted, min(steps, 5000))
+    per_chain = many_chains_per_chain_step(steps=max(200, steps // 10))
+
+    print("\nper-step time (microseconds)")
+    for name, value in times.items():
+        print(f"  {name:<22}{value * 1e6:>10.2f}")
+    print("\nratios (target in brackets)")
+    print(f"  SGLD: BlackJAX / fedmcmc            {times['blackjax_sgld'] / times['sgld']:6.2f}  [>= 1]")
+    print(f"  FSGLD / DSGLD                        {times['fsgld'] / times['dsgld']:6.2f}  [<= 1.2]")
+    print(f"  FSGLD 1,000 clients / 10 clients     {times['fsgld_1000_clients'] / times['fsgld']:6.2f}  [<= 1.2]")
+    print(f"  NumPy loop / fedmcmc FSGLD           {times['numpy_fsgld'] / times['fsgld']:6.1f}  [>= 20]")
+    print(f"  256 vmapped chains: us per chain-step {per_chain * 1e6:6.3f}  [< 2]")
+
+
+if __name__ == "__main__":
+    main()
