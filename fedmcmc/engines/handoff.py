@@ -29,6 +29,7 @@ layout), which the tests check.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
@@ -84,6 +85,20 @@ class HandoffClient:
     def ping(self) -> int:
         return self.index
 
+    def location(self) -> Dict[str, Any]:
+        """Where this client runs: host name, process id and, on Ray, the node id."""
+        import socket
+
+        where = {"client": self.index, "host": socket.gethostname(), "pid": os.getpid()}
+        try:
+            import ray
+
+            if ray.is_initialized():
+                where["node_id"] = ray.get_runtime_context().get_node_id()
+        except ImportError:  # pragma: no cover - in-process transport without Ray
+            pass
+        return where
+
     def fit_surrogate(self, kind: str, theta0, options: Dict[str, Any]):
         """Fit q_s on this client's data only; returns its natural parameters (P_s, b_s).
 
@@ -135,6 +150,9 @@ class HandoffClient:
         self.params = params
         if structure_changed:
             self._visit = self._build_visit("trust_center" in params)
+            # compile now, so that a visit's time (and its timeout) does not include compilation
+            position = jnp.zeros((self.flat_model.dim,), jnp.float32)
+            jax.block_until_ready(self._visit(jnp.int32(0), position, jnp.int32(0), self.params))
         return self.index
 
     def visit(self, chain: int, position, iteration: int):
@@ -146,6 +164,12 @@ class HandoffClient:
         """
         thin = self.spec["thin"]
         steps = self.spec["local_steps"]
+        self._visits_served = getattr(self, "_visits_served", 0) + 1
+        fault = self.spec.get("fault_injection")
+        if fault and fault["client"] == self.index and self._visits_served > fault["after_visits"]:
+            if fault["kind"] == "exit":  # the actor's process dies mid-run
+                os._exit(1)
+            time.sleep(fault.get("seconds", 3600.0))  # "hang": never answers in time
         final, positions = self._visit(
             jnp.asarray(chain, jnp.int32), jnp.asarray(position), jnp.asarray(iteration, jnp.int32),
             self.params,
@@ -322,7 +346,10 @@ def run_handoff(
         nonlocal cumulative
         failures.append(
             {"client": int(client), "reason": reason,
-             "iteration": int(iterations.max()), "draws_done": int(done.min())}
+             "iteration": int(iterations.max()), "draws_done": int(done.min()),
+             # per chain: iterations completed when the failure was handled (every draw
+             # before iteration // thin was made under the original target)
+             "chain_iterations": iterations.tolist()}
         )
         alive.discard(client)
         transport.kill(client)
@@ -410,6 +437,9 @@ ENGINE_OPTIONS = (
     "client_num_cpus",
     "audit_messages",
     "ray_init_options",
+    # testing only: {"client": s, "after_visits": k, "kind": "exit" | "hang"[, "seconds": t]}
+    # makes client s die (os._exit) or hang during its (k+1)-th visit
+    "fault_injection",
 )
 
 
@@ -457,6 +487,7 @@ def sample_handoff(
     visit_timeout: Optional[float] = None,
     on_client_failure: str = "stop",
     audit_messages: bool = False,
+    fault_injection: Optional[dict] = None,
 ):
     """DSGLD/FSGLD through the hand-off protocol on the transport ``make_transport`` builds.
 
@@ -484,6 +515,8 @@ def sample_handoff(
         "thin": int(thin),
         "num_clients": num_clients,
     }
+    if fault_injection:
+        spec["fault_injection"] = dict(fault_injection)
     if is_fsgld:
         spec.update(alpha=algorithm.alpha, alpha_warmup=algorithm.alpha_warmup)
     info: Dict[str, Any] = {
@@ -540,7 +573,7 @@ def sample_handoff(
                 alpha_warmup=algorithm.alpha_warmup,
             )
 
-        def configure(current_weights: np.ndarray) -> None:
+        def configure(current_weights: np.ndarray, timeout: Optional[float] = visit_timeout) -> None:
             kept = [s for s in range(num_clients) if current_weights[s] > 0]
             global_surrogate = trust = None
             if is_fsgld:
@@ -573,9 +606,13 @@ def sample_handoff(
                                    global_surrogate, trust)
                 )
             for p in pendings:
-                _wait_result(transport, p, visit_timeout)
+                _wait_result(transport, p, timeout)
 
-        configure(weights)
+        configure(weights, timeout=None)
+        info["client_locations"] = [
+            _wait_result(transport, p, None)
+            for p in [transport.call(s, "location") for s in range(num_clients)]
+        ]
         info["setup_time"] = time.perf_counter() - setup_started
         total = burn_in + num_samples
 

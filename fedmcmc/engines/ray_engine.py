@@ -186,4 +186,5 @@ def sample(algorithm, model, federation, *, init, num_samples, burn_in, thin, ch
             visit_timeout=options.get("visit_timeout"),
             on_client_failure=options["on_client_failure"],
             audit_messages=bool(options.get("audit_messages", False)),
+            fault_injection=options.get("fault_injection"),
         )

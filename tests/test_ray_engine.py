@@ -1,0 +1,319 @@
+"""The Ray engine (issue 7): DSGLD/FSGLD with one Ray actor per client.
+
+Every test binds loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before
+Ray is imported, ``_node_ip_address="127.0.0.1"``), bounds its run time
+(``visit_timeout`` on every run, small problems) and shuts down what it starts
+(module-scoped fixture; the multi-node test shuts its cluster down).
+
+Audit rule (test_client_messages_are_parameter_sized): every array a client
+actor sends is parameter-sized: its last axis has length d (a position, a draw
+of the position, a surrogate shift), and its leading axes count only draws of
+the chain taken during one visit (at most ceil(local_steps / thin)) or, for the
+surrogate precision (d, d), the d of the matrix -- parameter-sized metadata
+sent once. Scalars (indices) are metadata. Data rows (the client holds 15 to 40
+of them, of width d) would break the rule.
+"""
+
+import math
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+ray = pytest.importorskip("ray", reason="engine='ray' needs ray (pip install 'fedmcmc[ray]')")
+
+import jax.numpy as jnp  # noqa: E402
+
+import fedmcmc as fm  # noqa: E402
+from fedmcmc.engines.comm import ClientFailureError  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from stats import check_gaussian_moments  # noqa: E402
+from test_langevin_posterior import (  # noqa: E402
+    GAUSSIAN_MODEL,
+    DIM,
+    expected_variance,
+    gaussian_federation,
+    gaussian_posterior,
+    step_size_for,
+)
+
+TIMEOUT = 120.0  # seconds any one message may take: bounds every run
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    temp_dir = str(tmp_path_factory.mktemp("ray"))
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local", include_dashboard=False, num_cpus=2, _temp_dir=temp_dir,
+        _node_ip_address="127.0.0.1", log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()
+
+
+def _listening_addresses():
+    """Addresses of listening TCP sockets owned by Ray processes started here (best effort)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = [line.split() for line in out.splitlines()[1:]]
+    return [r[3] for r in rows if len(r) >= 6 and any(k in r[5] for k in ("raylet", "gcs_server", "ray::", "default_worker"))]
+
+
+def _fsgld_runs(num_samples, burn_in, chains, seed):
+    """FSGLD (exact surrogates) on Ray and in-process with the same seed."""
+    federation = gaussian_federation()
+    h = step_size_for(federation, "fsgld", batch_size=10)
+    precision = federation.total_size + 1.0
+    thin = int(np.ceil(2.0 / (h * precision)))
+    algorithm = fm.FSGLD(step_size=h, batch_size=10, local_steps=100, surrogate="exact")
+    common = dict(init=jnp.zeros(DIM), thin=thin, num_samples=num_samples, burn_in=burn_in,
+                  chains=chains, seed=seed)
+    on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
+                       visit_timeout=TIMEOUT, audit_messages=True, **common)
+    listening = _listening_addresses()
+    in_process = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **common)
+    return dict(federation=federation, h=h, thin=thin, algorithm=algorithm, ray=on_ray,
+                local=in_process, listening=listening)
+
+
+@pytest.fixture(scope="module")
+def fsgld_runs(local_ray):
+    """A short run (the default suite): identity with the in-process engine, audit, accounting."""
+    return _fsgld_runs(num_samples=100, burn_in=20, chains=4, seed=3)
+
+
+@pytest.fixture(scope="module")
+def long_fsgld_runs(local_ray):
+    """8 chains x 1000 draws (about 1700 visits) for the posterior check."""
+    return _fsgld_runs(num_samples=1000, burn_in=200, chains=8, seed=3)
+
+
+@pytest.mark.slow
+def test_fsgld_on_ray_matches_exact_posterior(long_fsgld_runs):
+    federation, h = long_fsgld_runs["federation"], long_fsgld_runs["h"]
+    mean, _ = gaussian_posterior(federation)
+    variance = expected_variance(federation, "fsgld", h, batch_size=10)
+    draws = long_fsgld_runs["ray"].flat_samples()
+    assert draws.shape == (8, 1000, DIM)
+    figures = check_gaussian_moments(draws, mean, np.diag(variance))
+    assert figures["ok"], figures
+    # the same check rejects a chain whose draws are off by the posterior sd / 2
+    shifted = draws + 0.5 * np.sqrt(variance)
+    assert not check_gaussian_moments(shifted, mean, np.diag(variance))["ok"]
+
+
+@pytest.mark.slow
+def test_long_ray_run_identical_to_in_process(long_fsgld_runs):
+    test_ray_draws_identical_to_in_process(long_fsgld_runs)
+
+
+def test_ray_draws_identical_to_in_process(fsgld_runs):
+    """Same seed, same random streams: the Ray engine reproduces the in-process draws."""
+    on_ray, local = fsgld_runs["ray"], fsgld_runs["local"]
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(on_ray.sample_stats["client"], local.sample_stats["client"])
+    np.testing.assert_array_equal(on_ray.sample_stats["round"], local.sample_stats["round"])
+    assert on_ray.info["rounds"] == local.info["rounds"]
+    assert on_ray.info["visits_per_client"] == local.info["visits_per_client"]
+
+
+def test_message_accounting(fsgld_runs):
+    info = fsgld_runs["ray"].info
+    rounds = sum(info["rounds_per_chain"])
+    clients = info["num_clients"]
+    assert info["engine"] == "ray"
+    # one visit request and one reply per round, a surrogate and a configuration per client
+    assert info["messages_to_clients"] >= rounds + 2 * clients
+    assert info["messages_from_clients"] == info["messages_to_clients"]
+    assert info["messages"] == info["messages_to_clients"] + info["messages_from_clients"]
+    assert info["bytes_to_clients"] > 0 and info["bytes_from_clients"] > 0
+
+
+def test_client_messages_are_parameter_sized(fsgld_runs):
+    info = fsgld_runs["ray"].info
+    d = info["dim"]
+    max_draws = math.ceil(fsgld_runs["algorithm"].local_steps / fsgld_runs["thin"])
+    audit = info["client_message_audit"]
+    assert len(audit) == info["messages_from_clients"]
+    methods = {m for _, m, _ in audit}
+    assert {"fit_surrogate", "configure", "visit"} <= methods
+    sizes = fsgld_runs["federation"].sizes
+    assert max_draws < sizes.min()  # so a block of data rows could not pass as draws
+    for client, method, arrays in audit:
+        for shape, _dtype in arrays:
+            assert len(shape) >= 1 and shape[-1] == d, (client, method, shape)
+            if len(shape) == 2:
+                assert shape[0] <= max(max_draws, d), (client, method, shape)
+            assert len(shape) <= 2, (client, method, shape)
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    host = address.rsplit(":", 1)[0].strip("[]").split("%")[0]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # "*" (every interface) or a name
+    if getattr(ip, "ipv4_mapped", None) is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def test_ray_binds_loopback_only(fsgld_runs):
+    assert fsgld_runs["listening"], "no Ray socket found by ss -ltnp"
+    for address in fsgld_runs["listening"]:
+        assert _is_loopback(address), address
+
+
+def _stream_check(result, reference, chains):
+    """Every draw the run kept equals the uninterrupted in-process run's draw (same seed)."""
+    draws = result.flat_samples()
+    ref = reference.flat_samples()
+    made = np.isfinite(draws).all(axis=-1)
+    assert made.any()
+    np.testing.assert_allclose(draws[made], ref[made], rtol=0, atol=1e-4)
+    return made
+
+
+KILL_KW = dict(init=jnp.zeros(DIM), num_samples=100, burn_in=0, thin=5, chains=4, seed=7)
+
+
+@pytest.fixture(scope="module")
+def kill_setup(local_ray):
+    federation = gaussian_federation()
+    algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
+    reference = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **KILL_KW)
+    return federation, algorithm, reference
+
+
+def test_killed_client_stops_run_and_keeps_draws(kill_setup):
+    federation, algorithm, reference = kill_setup
+    with pytest.raises(ClientFailureError) as caught:
+        fm.sample(
+            GAUSSIAN_MODEL, federation, algorithm, engine="ray", visit_timeout=TIMEOUT,
+            on_client_failure="stop",
+            fault_injection={"client": 1, "after_visits": 3, "kind": "exit"}, **KILL_KW,
+        )
+    error = caught.value
+    assert error.client == 1 and "died" in error.reason
+    assert "client 1" in str(error)
+    result = error.result
+    made = _stream_check(result, reference, 4)
+    per_chain = result.info["draws_per_chain"]
+    assert per_chain == made.sum(axis=1).tolist()
+    assert 0 < sum(per_chain) < 4 * 100
+    assert result.info["client_failures"][0]["client"] == 1
+
+
+@pytest.mark.slow
+def test_killed_client_dropped_run_continues(kill_setup):
+    federation, algorithm, reference = kill_setup
+    result = fm.sample(
+        GAUSSIAN_MODEL, federation, algorithm, engine="ray", visit_timeout=TIMEOUT,
+        on_client_failure="drop",
+        fault_injection={"client": 1, "after_visits": 3, "kind": "exit"}, **KILL_KW,
+    )
+    draws = result.flat_samples()
+    assert np.isfinite(draws).all() and draws.shape == (4, 100, DIM)
+    info = result.info
+    assert info["target_changed"] is True and info["dropped_clients"] == [1]
+    weights = np.asarray(info["weights_after_drop"])
+    assert weights[1] == 0 and np.isclose(weights.sum(), 1.0)
+    expected = federation.weights.copy()
+    expected[1] = 0
+    np.testing.assert_allclose(weights, expected / expected.sum(), rtol=1e-6)
+    # every draw made before the failure (under the original target) is the uninterrupted run's
+    ref = reference.flat_samples()
+    before = np.asarray(info["client_failures"][0]["chain_iterations"]) // KILL_KW["thin"]
+    assert before.sum() > 0
+    for chain, count in enumerate(before):
+        np.testing.assert_allclose(draws[chain, :count], ref[chain, :count], rtol=0, atol=1e-4)
+    # client 1 served at most its 3 visits (2 draws each) before dying
+    assert (result.sample_stats["client"] == 1).sum() <= 3 * 2
+
+
+@pytest.mark.slow
+def test_hung_client_times_out(kill_setup):
+    federation, algorithm, reference = kill_setup
+    result = fm.sample(
+        GAUSSIAN_MODEL, federation, algorithm, engine="ray", visit_timeout=3.0,
+        on_client_failure="drop",
+        fault_injection={"client": 2, "after_visits": 2, "kind": "hang", "seconds": 600},
+        **KILL_KW,
+    )
+    info = result.info
+    assert info["dropped_clients"] == [2]
+    assert "visit_timeout" in info["client_failures"][0]["reason"]
+    assert np.isfinite(result.flat_samples()).all()
+
+
+def test_engine_options_are_checked(local_ray):
+    federation = gaussian_federation()
+    algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
+    with pytest.raises(ValueError, match="on_client_failure"):
+        fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray", on_client_failure="retry",
+                  **KILL_KW)
+    with pytest.raises(ValueError, match="visit_timeout"):
+        fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray", visit_timeout=-1,
+                  **KILL_KW)
+    with pytest.raises(ValueError, match="not supported with engine='ray'"):
+        fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray", start_draw=5, **KILL_KW)
+    with pytest.raises(ValueError, match="engine='ray' is not available"):
+        fm.sample(GAUSSIAN_MODEL, federation, fm.SGLD(step_size=1e-3, batch_size=5),
+                  engine="ray", **KILL_KW)
+
+
+@pytest.mark.slow
+def test_multi_node_cluster_with_pinned_clients(tmp_path):
+    """Head + one node per client on a loopback ray.cluster_utils.Cluster; actors pinned by
+    custom resources; the run completes and each client ran on its own node."""
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()  # the module fixture's instance; its teardown is then a no-op
+    federation = gaussian_federation(sizes=(15, 25))
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
+                        "include_dashboard": False, "_temp_dir": str(tmp_path)},
+    )
+    try:
+        nodes = [
+            cluster.add_node(num_cpus=1, resources={f"client_{s}": 1},
+                             node_ip_address="127.0.0.1")
+            for s in range(federation.num_clients)
+        ]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        listening = _listening_addresses()
+        result = fm.sample(
+            GAUSSIAN_MODEL, federation,
+            fm.FSGLD(step_size=2e-3, batch_size=5, local_steps=10, surrogate="laplace"),
+            init=jnp.zeros(DIM), num_samples=50, burn_in=10, thin=5, chains=2, seed=0,
+            engine="ray", visit_timeout=TIMEOUT,
+            client_resources=[{f"client_{s}": 1} for s in range(federation.num_clients)],
+        )
+        assert np.isfinite(result.flat_samples()).all()
+        assert result.info["engine"] == "ray"
+        assert all(v > 0 for v in result.info["visits_per_client"])
+        assert len(nodes) == 2
+        locations = result.info["client_locations"]
+        node_ids = [where["node_id"] for where in locations]
+        expected = [node.unique_id for node in nodes]
+        assert node_ids == expected, (node_ids, expected)
+        for address in listening:
+            assert _is_loopback(address), address
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
