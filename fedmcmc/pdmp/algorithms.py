@@ -181,6 +181,23 @@ class _FedPDMP(Algorithm):
 
     def _sample(self, model, federation, init, num_samples, burn_in, chains, seed, progress,
                 skeleton_size, init_jitter, rate_diagnostics, chunk_size):
+        built = self.build(model, federation, init, burn_in=burn_in, chains=chains, seed=seed,
+                           skeleton_size=skeleton_size, init_jitter=init_jitter,
+                           rate_diagnostics=rate_diagnostics)
+        cfg, draw_step, states, k_run, out_model, info, on_violation = built
+        run = run_chains(
+            draw_step, states, k_run, burn_in=burn_in, num_samples=num_samples,
+            position=lambda s: s.x, divergence_threshold=self.divergence_threshold,
+            chunk_size=chunk_size, progress=progress, label=self.name)
+        return self._result(run, cfg, out_model, federation, info, num_samples, burn_in, chains,
+                            on_violation, skeleton_size)
+
+    def build(self, model, federation, init, *, burn_in=0, chains=1, seed=0, skeleton_size=0,
+              init_jitter=0.0, rate_diagnostics=True):
+        """The federated kernel for this model and federation, without running it (call
+        under ``jax.enable_x64(True)``). Returns ``(config, draw_step, initial_states, key,
+        unflattening model, info, on_bound_violation)``; ``draw_step(key, state)`` advances
+        one chain by ``sample_interval`` (what :func:`run_chains` vmaps)."""
         spec = self.spec
         is_zigzag = spec is ZigZagSpec
         out_model = model.flatten(init)
@@ -287,12 +304,7 @@ class _FedPDMP(Algorithm):
         if init_jitter > 0:
             starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
         states = jax.vmap(init_fn)(jax.random.split(k_init, chains), starts)
-        run = run_chains(
-            draw_step, states, k_run, burn_in=burn_in, num_samples=num_samples,
-            position=lambda s: s.x, divergence_threshold=self.divergence_threshold,
-            chunk_size=chunk_size, progress=progress, label=self.name)
-        return self._result(run, cfg, out_model, federation, info, num_samples, burn_in, chains,
-                            on_violation, skeleton_size)
+        return cfg, draw_step, states, k_run, out_model, info, on_violation
 
     # ----------------------------------------------------------------- output
     def _result(self, run, cfg, out_model, federation, info, num_samples, burn_in, chains,
