@@ -275,10 +275,18 @@ def test_engine_options_are_checked(local_ray):
 
 
 @pytest.mark.slow
-def test_multi_node_cluster_with_pinned_clients(tmp_path):
+def test_multi_node_cluster_with_pinned_clients():
     """Head + one node per client on a loopback ray.cluster_utils.Cluster; actors pinned by
     custom resources; the run completes and each client ran on its own node."""
+    import shutil
+    import tempfile
+
     from ray.cluster_utils import Cluster
+
+    temp_dir = tempfile.mkdtemp(prefix="fmray", dir="/tmp")  # AF_UNIX paths: < 108 bytes
+    previous_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp_dir  # cluster_utils writes its address file in ./ray
+    os.makedirs(os.path.join(temp_dir, "ray"))
 
     if ray.is_initialized():
         ray.shutdown()  # the module fixture's instance; its teardown is then a no-op
@@ -286,7 +294,7 @@ def test_multi_node_cluster_with_pinned_clients(tmp_path):
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
-                        "include_dashboard": False, "_temp_dir": str(tmp_path)},
+                        "include_dashboard": False, "temp_dir": temp_dir},
     )
     try:
         nodes = [
@@ -310,10 +318,15 @@ def test_multi_node_cluster_with_pinned_clients(tmp_path):
         assert len(nodes) == 2
         locations = result.info["client_locations"]
         node_ids = [where["node_id"] for where in locations]
-        expected = [node.unique_id for node in nodes]
+        expected = [node.node_id for node in nodes]
         assert node_ids == expected, (node_ids, expected)
         for address in listening:
             assert _is_loopback(address), address
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if previous_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = previous_tmpdir
