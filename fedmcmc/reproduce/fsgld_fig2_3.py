@@ -66,14 +66,18 @@ def run(out_dir: Path, quick: bool) -> None:
             ax.set_xlabel("mu_1")
             ax.set_ylabel("mu_2")
         ax = axes[row, 3]
-        ax.scatter(exact[:, 0], exact[:, 1], s=2, color="k", label="exact posterior")
         if row == 0:
+            ax.scatter(exact[:, 0], exact[:, 1], s=2, color="k", label="exact posterior")
             ax.set_title("analytical posterior (Fig. 3a)")
         else:
-            for key in (("DSGLD", 200), ("FSGLD", 200)):
-                d = runs[key].reshape(-1, 2)
-                ax.scatter(d[:, 0], d[:, 1], s=2, alpha=0.4, label=f"{key[0]} (200)")
-            ax.set_title("zoom: posterior region")
+            for j, local in enumerate(LOCAL_STEPS):
+                d = runs[("FSGLD", local)].reshape(-1, 2)
+                ax.scatter(d[:, 0], d[:, 1], s=2, alpha=0.3, color=f"C{j}", label=f"FSGLD ({local})")
+            ax.scatter(exact[:, 0], exact[:, 1], s=2, color="k", label="exact posterior")
+            half = 6 * np.sqrt(post_cov[0, 0])
+            ax.set_xlim(post_mean[0] - half, post_mean[0] + half)
+            ax.set_ylim(post_mean[1] - half, post_mean[1] + half)
+            ax.set_title("zoom: FSGLD draws vs exact")
         ax.set_xlabel("mu_1")
         ax.set_ylabel("mu_2")
         ax.legend(fontsize=6, markerscale=4)
