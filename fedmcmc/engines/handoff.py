@@ -452,10 +452,13 @@ def check_engine_options(options: Dict[str, Any], name: str) -> Dict[str, Any]:
             f"unknown options for {name} on engine='ray': {unknown}; "
             f"engine options are {list(ENGINE_OPTIONS)}"
         )
-    used = [k for k in RUN_OPTIONS if k in options and options[k] not in (None, 0)]
+    # Resuming needs chain states at a draw index, which this engine does not checkpoint:
+    # reject it. The checkpoint callbacks (fedmcmc run passes them) are accepted and not
+    # called: the run is not checkpointed and restarts from the beginning on --resume.
+    used = [k for k in ("start_draw", "resume_state") if options.get(k) not in (None, 0)]
     if used:
         raise ValueError(
-            f"options {used} (checkpoint/resume) are not supported with engine='ray'; "
+            f"options {used} (resume) are not supported with engine='ray'; "
             "use engine='local'"
         )
     out = {k: options[k] for k in ENGINE_OPTIONS if k in options}
