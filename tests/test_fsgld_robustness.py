@@ -4,10 +4,11 @@ During a visit to client s the FSGLD estimator's curvature is
 (N_s/f_s) H_s(theta) - P_s/f_s + sum_r P_r; where the client's true curvature is
 much smaller than at the surrogate's anchor (log link far from the data,
 saturated logistic) it turns negative and repels the chain. The safeguard
-(``trust_radius``, on by default) damps the conducive gradient by a factor
-that depends on theta only, so the estimator stays unbiased. These tests show
-the divergence without it, its absence with it, agreement with NUTS, and that
-the safeguard leaves the stationary law unchanged where FSGLD is stable.
+(``trust_radius``, on by default) cuts the conducive term only outside a trust
+region and only where it pushes the chain away from the posterior. These
+tests show the divergence without it, its absence with it, agreement with
+NUTS, and that the safeguard leaves the stationary law unchanged where FSGLD
+is stable (section 5.1's test in test_fsgld_claims.py runs with it on too).
 """
 
 import jax.numpy as jnp

@@ -122,6 +122,7 @@ def test_shapes_of_samples_and_info():
     assert result.info["iterations"] == (7 + 4) * 2
     assert sum(result.info["visits_per_client"]) == sum(result.info["rounds_per_chain"])
     assert result.info["floats_communicated"] > 0
+    assert result.info["bytes_communicated"] == 4 * result.info["floats_communicated"]
     idata = result.to_arviz()
     assert idata.posterior["theta"].shape == (3, 7, 2)
 

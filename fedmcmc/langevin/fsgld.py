@@ -12,10 +12,10 @@ Far from the surrogates' modes: during a visit the estimator's curvature is
 (N_s/f_s) H_s(theta) - P_s/f_s + sum_r P_r. Where the client's true curvature
 H_s(theta) is much smaller than at its mode (a log link far from the data, a
 saturated logistic), -P_s/f_s dominates, the drift turns repulsive and the
-chain can run off. :func:`trust_damping` scales the conducive gradient by a
-function of theta alone, which keeps the estimator unbiased and bounds the
-term far from the surrogates (the default of ``fm.FSGLD``). An optional ramp
-of alpha (:func:`alpha_schedule`) can further soften the start of a run.
+chain can run off. :func:`trust_damping` (the default of ``fm.FSGLD``) cuts
+the conducive term outside a trust region wherever it pushes the chain away
+from the posterior; inside the region the estimator is unchanged. An
+optional ramp of alpha (:func:`alpha_schedule`) can soften the start of a run.
 """
 
 from __future__ import annotations
@@ -51,22 +51,32 @@ class TrustRegion(NamedTuple):
     radius: float
 
 
-def trust_damping(theta: jax.Array, region: TrustRegion) -> jax.Array:
-    """c(theta) = min(1, radius / ||theta - center||_precision).
+def trust_damping(theta, base, conducive, region: TrustRegion):
+    """The factor c in [0, 1] applied to the conducive gradient (the FSGLD safeguard).
 
-    The damping depends on theta only, never on the client, so E_s[c(theta) g_s(theta)]
-    = c(theta) E_s[g_s(theta)] = 0: Lemma 1's unbiasedness holds at every theta. Far
-    away, c(theta) g_s(theta) stays bounded (g_s grows linearly), so the chain is as
-    stable there as DSGLD; inside the ball (radius at the 1 - 1e-4 quantile of the
-    surrogate by default) the estimator is exactly FSGLD's.
+    Inside the trust region (distance to ``center`` in the metric ``precision``
+    at most ``radius``) c = 1: the estimator is exactly FSGLD's, unbiased
+    (Lemma 1). Outside it, c = 1 as long as the conducive gradient pulls
+    towards the centre or the total drift does; when the conducive term
+    pushes the chain outward and wins (the repulsion of a surrogate whose
+    curvature exceeds the client's true curvature there), c is cut to the
+    largest value for which the drift no longer points away from the centre
+    (0 if the data term alone already points away). So far from the posterior
+    the chain moves at worst like DSGLD, which brings it back; the default
+    radius is the 1 - 1e-4 quantile of the chain's stationary distance, so the
+    modification acts almost only during the transient.
     """
     delta = theta - region.center
     if region.precision.ndim == 1:
         distance2 = jnp.sum(region.precision * delta**2)
     else:
         distance2 = delta @ (region.precision @ delta)
-    distance = jnp.sqrt(jnp.maximum(distance2, 0.0))
-    return jnp.minimum(1.0, region.radius / jnp.maximum(distance, 1e-30))
+    outside = distance2 > region.radius**2
+    outward_base = jnp.dot(base, delta)
+    outward_conducive = jnp.dot(conducive, delta)
+    pushes_out = (outward_conducive > 0) & (outward_base + outward_conducive > 0)
+    partial = jnp.clip(-outward_base / jnp.where(outward_conducive > 0, outward_conducive, 1.0), 0.0, 1.0)
+    return jnp.where(outside & pushes_out, partial, 1.0)
 
 
 def build_kernel(
@@ -91,11 +101,12 @@ def build_kernel(
     def estimator(theta, batch, client, client_size, iteration):
         f_s = client_weights[client]
         base = dsgld_gradient(flat_model, theta, batch, client_size, batch_size, f_s)
-        conducive = conducive_gradient(theta, client, f_s, surrogates, global_surrogate)
-        scale = alpha(iteration).astype(theta.dtype)
+        conducive = alpha(iteration).astype(theta.dtype) * conducive_gradient(
+            theta, client, f_s, surrogates, global_surrogate
+        )
         if trust_region is not None:
-            scale = scale * trust_damping(theta, trust_region).astype(theta.dtype)
-        return base + scale * conducive
+            conducive = trust_damping(theta, base, conducive, trust_region).astype(theta.dtype) * conducive
+        return base + conducive
 
     return build_federated_kernel(
         estimator, data, client_weights, batch_size, local_steps, schedule, noise
