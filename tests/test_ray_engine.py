@@ -124,6 +124,7 @@ def test_ray_draws_identical_to_in_process(fsgld_runs):
     np.testing.assert_array_equal(on_ray.sample_stats["client"], local.sample_stats["client"])
     np.testing.assert_array_equal(on_ray.sample_stats["round"], local.sample_stats["round"])
     assert on_ray.info["rounds"] == local.info["rounds"]
+    assert on_ray.info["trust_radius"] == pytest.approx(local.info["trust_radius"], rel=1e-4)
     assert on_ray.info["visits_per_client"] == local.info["visits_per_client"]
 
 

@@ -592,9 +592,8 @@ def sample_handoff(
                     )
                     radius = algorithm.trust_radius
                     if radius == "auto":
-                        from scipy.stats import chi2
-
-                        radius = float(np.sqrt(chi2.ppf(1 - 1e-4, df=flat_model.dim)))
+                        radius = _auto_radius(algorithm, flat_model, federation, current_weights,
+                                              kept, subset, product, center, seed)
                     trust = (np.asarray(center), np.asarray(metric), float(radius))
                     info["trust_radius"] = radius
                 else:
@@ -653,6 +652,30 @@ def sample_handoff(
             result, result.info["diverged_chains"], details,
         )
     return result
+
+
+def _auto_radius(algorithm, flat_model, federation, weights, kept, surrogates, product, center,
+                 seed) -> float:
+    """FSGLD's ``trust_radius="auto"``, as the in-process engine computes it.
+
+    If the algorithm has ``_auto_trust_radius`` (a radius widened by the measured
+    minibatch noise of the estimator at the centre), it is called as the in-process
+    engine calls it -- on the driver's copy of the (remaining) clients' data, the one
+    server-side computation that reads data; otherwise the chi-square quantile.
+    """
+    from scipy.stats import chi2
+
+    method = getattr(algorithm, "_auto_trust_radius", None)
+    if method is not None:
+        try:
+            remaining = federation if len(kept) == federation.num_clients else federation.subset(kept)
+            w = np.asarray(weights, np.float64)[np.asarray(kept)]
+            key = jax.random.fold_in(jax.random.key(seed), 2**20)
+            return float(method(flat_model, remaining.concatenated(), jnp.asarray(w / w.sum(), jnp.float32),
+                                surrogates, product, center, key))
+        except TypeError:  # a different signature: fall back to the chi-square quantile
+            pass
+    return float(np.sqrt(chi2.ppf(1 - 1e-4, df=flat_model.dim)))
 
 
 def _wait_result(transport: Transport, pending, timeout: Optional[float]):
