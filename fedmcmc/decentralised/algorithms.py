@@ -95,6 +95,8 @@ def _chunk_size(total: int) -> int:
 
 class _Decentralised(Algorithm):
     tracking: bool = False
+    #: "ray": one Ray actor per agent, neighbour exchange actor to actor (``engines/neighbour.py``)
+    engines = ("local", "ray")
     divergence_threshold: float = 1e10
 
     def _common(
@@ -160,6 +162,13 @@ class _Decentralised(Algorithm):
     # --------------------------------------------------------------- sample
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
+        if engine == "ray":
+            from ..engines.neighbour import sample_decentralised
+
+            return sample_decentralised(
+                self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
+                thin=thin, chains=chains, seed=seed, progress=progress, **options,
+            )
         if options:
             raise ValueError(f"unknown options for {self.name}: {sorted(options)}")
         if engine != "local":

@@ -1,0 +1,250 @@
+"""DULA / GT-DULA on Ray: one actor per agent, neighbour exchange actor to actor.
+
+Each agent actor holds its own data and, for every chain at once, its state
+(w_i and, for GT-DULA, the tracker d_i and last local gradient g_i). Iteration k
+of agent i is the call ``agent_i.step(k, *messages_of_neighbours_at_k)``: the
+arguments are Ray object references to the neighbours' outgoing messages of the
+previous iteration, which Ray resolves from the object store of the neighbour's
+node -- the driver only passes references, it never relays the states. The
+reply is agent i's own outgoing message (w_i[, d_i] for all chains). Every
+``thin`` iterations the driver reads the agents' messages (a gather) to form the
+kept draw, the network average (1/n) sum_i w_i.
+
+The update of agent i is row i of the in-process kernels (``decentralised.kernels``):
+``w_i <- w_i - beta (L w)_i - alpha n g_i + sqrt(2 alpha n) v_i`` (DULA, eq. (3))
+and, for GT-DULA, eq. (7)-(8) with the trackers. The random streams are the
+in-process engine's (noise: row i of the (n, d) normal draw of that iteration's
+key; minibatch: the i-th of the n keys split from it), so the draws equal
+``engine="local"``'s up to float rounding.
+
+Not here (yet): the gradient error statistic (needs every agent's full gradient
+at the network average), client failures other than stopping with an error.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .comm import ClientFailureError
+from .handoff import iteration_key
+
+__all__ = ["AgentClient", "sample_decentralised"]
+
+
+class AgentClient:
+    """Agent i of DULA/GT-DULA: its data, its state for every chain, its row of the Laplacian."""
+
+    def __init__(self, index: int, data: Any, model, init: Any, spec: Dict[str, Any]):
+        from ..decentralised.algorithms import _decaying
+
+        self.index = int(index)
+        self.spec = dict(spec)
+        flat = model.flatten(init)
+        self.flat_model = flat
+        self.data = jax.tree_util.tree_map(jnp.asarray, data)
+        self.size = int(np.shape(jax.tree_util.tree_leaves(data)[0])[0])
+        n, chains, dim = spec["n"], spec["chains"], flat.dim
+        self.schedule = _decaying(spec["step_size"], spec["decay_every"], spec["decay_factor"])
+        self.neighbours: List[int] = list(spec["neighbours"])
+        self.own_coefficient = float(spec["laplacian_row"][self.index])
+        self.neighbour_coefficients = np.asarray(
+            [spec["laplacian_row"][j] for j in self.neighbours], np.float32
+        )
+        root = jax.random.key(spec["seed"])
+        batch_size = spec["batch_size"]
+        i = self.index
+
+        def gradient(key, theta):
+            """Row i of ``kernels.local_gradient_fn``: -(M_i/m) grad log p(X_hat_i|w) - grad log p(w)/n."""
+            if batch_size is None:
+                return -flat.grad_log_likelihood_sum(theta, self.data) - flat.grad_log_prior(theta) / n
+            agent_key = jax.random.split(key, n)[i]
+            u = jax.random.uniform(agent_key, (batch_size,))
+            sampled = jnp.minimum((u * self.size).astype(jnp.int32), self.size - 1)
+            rows = jnp.where(batch_size >= self.size, jnp.arange(batch_size, dtype=jnp.int32), sampled)
+            batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], self.data)
+            scale = jnp.asarray(self.size, theta.dtype) / batch_size
+            return -scale * flat.grad_log_likelihood_sum(theta, batch) - flat.grad_log_prior(theta) / n
+
+        tracking, noise = spec["tracking"], spec["noise"]
+        beta, gamma = spec["beta"], spec.get("gamma")
+        own = self.own_coefficient
+        thin = spec["thin"]
+
+        def mix(x, neighbours_x, coefficient, weights):
+            # (W x)_i = x_i - coefficient (L_ii x_i + sum_j L_ij x_j)
+            lx = own * x + jnp.tensordot(weights, neighbours_x, axes=1) if neighbours_x.shape[0] else own * x
+            return x - coefficient * lx
+
+        def one_chain(chain, k, w, d, g, neighbours_w, neighbours_d, weights):
+            key = iteration_key(root, chains, thin, chain, k)
+            key_grad, key_noise = jax.random.split(key)
+            alpha = jnp.asarray(self.schedule(k), w.dtype)
+            drift = d if tracking else gradient(key_grad, w)
+            new_w = mix(w, neighbours_w, beta, weights) - alpha * n * drift
+            if noise:
+                v = jax.random.normal(key_noise, (n, dim), w.dtype)[i]
+                new_w = new_w + jnp.sqrt(2.0 * alpha * n) * v
+            if tracking:
+                new_g = gradient(key_grad, new_w)
+                new_d = mix(d, neighbours_d, gamma, weights) + (new_g - g)
+                return new_w, new_d, new_g
+            return new_w, d, g
+
+        @jax.jit
+        def step(k, w, d, g, neighbours_w, neighbours_d, weights):
+            # neighbours_*: (num_neighbours, chains, dim) -> per chain (num_neighbours, dim)
+            return jax.vmap(one_chain, in_axes=(0, None, 0, 0, 0, 1, 1, None))(
+                jnp.arange(chains), k, w, d, g, neighbours_w, neighbours_d, weights
+            )
+
+        self._step = step
+        theta0 = flat.ravel(init)
+        self.w = jnp.broadcast_to(theta0, (chains, dim))
+        if tracking:
+            init_keys = jax.random.split(jax.random.fold_in(root, 2**20), chains)
+            self.g = jax.vmap(lambda key: gradient(key, theta0))(init_keys)
+            self.d = self.g
+        else:
+            self.g = self.d = jnp.zeros((chains, dim), theta0.dtype)
+
+    def message(self):
+        """The outgoing message: w_i (and d_i for GT-DULA), for every chain."""
+        if self.spec["tracking"]:
+            return np.asarray(self.w), np.asarray(self.d)
+        return np.asarray(self.w), None
+
+    def step(self, k: int, *neighbour_messages):
+        """Iteration k with the neighbours' messages of iteration k; returns the new message."""
+        chains, dim = self.w.shape
+        if neighbour_messages:
+            nw = np.stack([m[0] for m in neighbour_messages])
+            nd = np.stack([m[1] for m in neighbour_messages]) if self.spec["tracking"] else nw
+        else:
+            nw = nd = np.zeros((0, chains, dim), np.float32)
+        self.w, self.d, self.g = self._step(
+            np.int32(k), self.w, self.d, self.g, nw, nd, self.neighbour_coefficients
+        )
+        return self.message()
+
+
+def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
+                         chains, seed, progress=None, **options):
+    """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``)."""
+    from ..results import Result
+    from .handoff import check_engine_options
+    from .ray_engine import RayTransport, ray_session
+
+    options = check_engine_options(options, algorithm.name)
+    n = federation.num_clients
+    topo = algorithm.topology(n)
+    algorithm._check_batch(federation)
+    flat_model = model.flatten(init)
+    dim = flat_model.dim
+    laplacian = np.asarray(topo.laplacian, np.float64)
+    tracking = bool(algorithm.tracking)
+    base = {
+        "n": n, "chains": int(chains), "thin": int(thin), "seed": int(seed),
+        "beta": float(algorithm.beta), "gamma": algorithm._gamma(), "tracking": tracking,
+        "batch_size": algorithm.batch_size, "noise": algorithm.noise,
+        "step_size": algorithm.step_size, "decay_every": algorithm.decay_every,
+        "decay_factor": algorithm.decay_factor,
+    }
+    neighbours = [[j for j in range(n) if j != i and laplacian[i, j] != 0] for i in range(n)]
+    specs = []
+    for i in range(n):
+        spec = dict(base, neighbours=neighbours[i], laplacian_row=laplacian[i].tolist())
+        specs.append((AgentClient, (i, federation[i], model, init, spec)))
+    total = burn_in + num_samples
+    floats_per_message = chains * dim * (2 if tracking else 1)
+    with ray_session(options.get("ray_address"), options.get("ray_init_options")):
+        transport = RayTransport(specs, resources=options.get("client_resources"),
+                                 num_cpus=options.get("client_num_cpus", 0))
+        ray = transport._ray
+        timeout = options.get("visit_timeout")
+        draws = np.full((chains, total, dim), np.nan, np.float32)
+        agents = np.full((chains, total, n, dim), np.nan, np.float32)
+        consensus = np.full((chains, total), np.nan, np.float32)
+        done = 0
+        started = time.perf_counter()
+        try:
+            refs = [actor.message.remote() for actor in transport.actors]
+            k = 0
+            while done < total:
+                for _ in range(thin):
+                    refs = [
+                        transport.actors[i].step.remote(k, *[refs[j] for j in neighbours[i]])
+                        for i in range(n)
+                    ]
+                    k += 1
+                try:
+                    messages = ray.get(refs, timeout=timeout)
+                except ray.exceptions.GetTimeoutError:
+                    raise _failure(None, f"no answer within visit_timeout={timeout:g} s")
+                except ray.exceptions.RayError as error:
+                    raise _failure(None, f"{type(error).__name__}")
+                w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
+                agents[:, done] = w
+                draws[:, done] = w.mean(axis=1)
+                consensus[:, done] = np.sum((w - w.mean(axis=1, keepdims=True)) ** 2, axis=(1, 2)) / n
+                done += 1
+        except ClientFailureError as error:
+            error.result = _result(algorithm, flat_model, draws, agents, consensus, done, burn_in,
+                                   thin, chains, topo, neighbours, floats_per_message, started)
+            raise
+        finally:
+            transport.close()
+    return _result(algorithm, flat_model, draws, agents, consensus, done, burn_in, thin, chains,
+                   topo, neighbours, floats_per_message, started)
+
+
+def _failure(client: Optional[int], reason: str) -> ClientFailureError:
+    return ClientFailureError(
+        f"an agent failed ({reason}); the run stopped. Draws made so far are in error.result",
+        None, -1 if client is None else client, reason,
+    )
+
+
+def _result(algorithm, flat_model, draws, agents, consensus, done, burn_in, thin, chains, topo,
+            neighbours, floats_per_message, started):
+    from ..decentralised.algorithms import _unravel_numpy
+    from ..results import Result
+
+    iterations = done * thin
+    directed = sum(len(nb) for nb in neighbours)
+    n = len(neighbours)
+    info = {
+        "algorithm": algorithm.name,
+        "engine": "ray",
+        "beta": algorithm.beta,
+        "chains": chains,
+        "iterations": iterations,
+        "draws_kept": int(max(0, done - burn_in)),
+        "wall_time": time.perf_counter() - started,
+        "interrupted": False,
+        "dim": flat_model.dim,
+        "rounds": iterations,
+        # one message per directed edge and iteration (all chains' w_j[, d_j]), actor to actor
+        "messages_between_agents": int(iterations * directed),
+        "bytes_between_agents": int(iterations * directed * floats_per_message * 4),
+        # the gathers of the kept draws: every agent's w_i to the driver every thin iterations
+        "messages_from_clients": int(done * n),
+        "bytes_from_clients": int(done * n * floats_per_message * 4),
+        "messages": int(iterations * directed + done * n),
+        "floats_communicated": int((iterations * directed + done * n) * floats_per_message),
+    }
+    info.update(topo.describe())
+    gamma = algorithm._gamma()
+    if gamma is not None:
+        info["gamma"] = gamma
+    kept = slice(burn_in, None)
+    if algorithm.keep_agent_samples:
+        info["agent_samples"] = _unravel_numpy(flat_model, agents[:, kept])
+    samples = _unravel_numpy(flat_model, draws[:, kept])
+    stats = {"consensus_error": consensus[:, kept]}
+    return Result(samples=samples, info=info, sample_stats=stats, algorithm=algorithm.name)
