@@ -1,4 +1,4 @@
-"""The Ray engine (issue 7): DSGLD/FSGLD with one Ray actor per client.
+"""The Ray engine (issue 7): DSGLD/FSGLD (and DULA/GT-DULA) with one Ray actor per client.
 
 Every test binds loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before
 Ray is imported, ``_node_ip_address="127.0.0.1"``), bounds its run time
@@ -273,6 +273,36 @@ def test_engine_options_are_checked(local_ray):
     with pytest.raises(ValueError, match="engine='ray' is not available"):
         fm.sample(GAUSSIAN_MODEL, federation, fm.SGLD(step_size=1e-3, batch_size=5),
                   engine="ray", **KILL_KW)
+
+
+DECENTRALISED_KW = dict(init=jnp.zeros(DIM), num_samples=40, burn_in=5, thin=3, chains=2, seed=4)
+
+
+def _decentralised_identity(algorithm):
+    """Agents as Ray actors exchanging object references: the in-process engine's draws."""
+    federation = gaussian_federation()
+    local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **DECENTRALISED_KW)
+    on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
+                       visit_timeout=TIMEOUT, **DECENTRALISED_KW)
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(on_ray.info["agent_samples"]),
+                               np.asarray(local.info["agent_samples"]), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(on_ray.sample_stats["consensus_error"],
+                               local.sample_stats["consensus_error"], rtol=1e-3, atol=1e-7)
+    info = on_ray.info
+    iterations = (DECENTRALISED_KW["num_samples"] + DECENTRALISED_KW["burn_in"]) * DECENTRALISED_KW["thin"]
+    assert info["engine"] == "ray" and info["iterations"] == iterations
+    # ring of 4 agents: 8 directed edges, one message each per iteration
+    assert info["messages_between_agents"] == 8 * iterations
+
+
+@pytest.mark.slow
+def test_gtdula_minibatch_on_ray_identical_to_in_process(local_ray):
+    _decentralised_identity(fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.3, batch_size=5))
+
+
+def test_dula_on_ray_identical_to_in_process(local_ray):
+    _decentralised_identity(fm.DULA(step_size=1e-3, beta=0.3))
 
 
 @pytest.mark.slow
