@@ -19,6 +19,10 @@ clients. Logistic regression, d = 10, 200 rows per client, DSGLD, local_steps = 
 
     python benchmarks/bench_ray.py            # 4 and 16 clients
     python benchmarks/bench_ray.py --quick    # fewer rounds
+    python benchmarks/bench_ray.py --skip-handoff    # only DULA's neighbour exchange
+
+Also: per-iteration time of DULA's neighbour exchange (one actor per agent, object
+references passed actor to actor) against the in-process engine.
 """
 
 from __future__ import annotations
@@ -107,10 +111,29 @@ def protocol_round_seconds(model, federation, algorithm, chains, rounds, engine)
     return info["wall_time"] / completed, total - info["wall_time"], info
 
 
+def neighbour_iteration_seconds(model, federation, algorithm, chains, iterations, engine):
+    """Per-iteration time of DULA (every agent updates once, one message per directed edge):
+    the difference of two runs (``iterations`` and twice as many), so that start-up and
+    compilation cancel."""
+    times = []
+    for factor in (1, 2):
+        kw = dict(init=jnp.zeros(DIM), num_samples=factor * iterations, burn_in=0, thin=1,
+                  chains=chains, seed=0)
+        started = time.perf_counter()
+        if engine == "ray":
+            fm.sample(model, federation, algorithm, engine="ray", visit_timeout=600, **kw)
+        else:
+            fm.sample(model, federation, algorithm, **kw)
+        times.append(time.perf_counter() - started)
+    return max(times[1] - times[0], 1e-9) / iterations
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--clients", type=int, nargs="*", default=[4, 16])
+    parser.add_argument("--skip-handoff", action="store_true")
+    parser.add_argument("--skip-neighbour", action="store_true")
     args = parser.parse_args()
     rounds = 25 if args.quick else 100
     chains = 4
@@ -125,7 +148,7 @@ def main():
         header = (f"{'clients':>7} {'local ms':>9} {'handoff ms':>11} {'ray ms':>8} "
                   f"{'ray/local':>10} {'ray/handoff':>12} {'ray setup s':>12} {'B/round':>8}")
         print(header)
-        for num_clients in args.clients:
+        for num_clients in ([] if args.skip_handoff else args.clients):
             model, federation = make_problem(num_clients)
             algorithm = fm.DSGLD(step_size=STEP, batch_size=10, local_steps=LOCAL_STEPS)
             local = local_round_seconds(model, federation, algorithm, chains)
@@ -138,6 +161,22 @@ def main():
             print(f"{num_clients:>7} {local * 1e3:>9.3f} {handoff * 1e3:>11.3f} "
                   f"{on_ray * 1e3:>8.3f} {on_ray / local:>10.0f} {on_ray / handoff:>12.2f} "
                   f"{setup:>12.1f} {per_round_bytes:>8.0f}", flush=True)
+        if not args.skip_neighbour:
+            iterations = 50 if args.quick else 200
+            print(f"\nDULA neighbour exchange (ring, full-batch gradients), {chains} chains, "
+                  f"per iteration = every agent updates once")
+            print(f"{'agents':>7} {'local ms':>9} {'ray ms':>8} {'ray/local':>10}")
+            for num_clients in args.clients:
+                model, federation = make_problem(num_clients)
+                algorithm = fm.DULA(step_size=1e-5, beta=0.2)
+                # the in-process iteration is ~1000x cheaper: many more iterations, so that
+                # the difference of the two runs is above the noise of compilation
+                local = neighbour_iteration_seconds(model, federation, algorithm, chains,
+                                                    200 * iterations, "local")
+                on_ray = neighbour_iteration_seconds(model, federation, algorithm, chains,
+                                                     iterations, "ray")
+                print(f"{num_clients:>7} {local * 1e3:>9.3f} {on_ray * 1e3:>8.3f} "
+                      f"{on_ray / local:>10.0f}", flush=True)
     finally:
         ray.shutdown()
 
