@@ -13,7 +13,7 @@ from fedmcmc import reproduce
 # quick-size wall time on 2 shared cores, measured: fsgld-fig1 ~20 s, fsgld-fig4 ~15 s,
 # gtdula-fig2 ~10 s; the others 1-18 minutes each under load (the pdmc-* ones belong to the
 # PDMP family and are slow here until their owner lists them as fast).
-FAST = {"fsgld-fig1", "fsgld-fig4", "gtdula-fig2"}
+FAST = {"fsgld-fig1", "fsgld-fig4", "gtdula-fig2", "pdmc-privacy"}
 
 
 def _names():
@@ -24,7 +24,8 @@ def test_every_reproduction_module_imports():
     assert reproduce.import_errors() == {}
     names = _names()
     for expected in ("fsgld-fig1", "fsgld-fig2-3", "fsgld-fig4", "fsgld-appf1", "fsgld-fig5",
-                     "fsgld-fig5-laplace", "fsgld-table1", "gtdula-fig1", "gtdula-fig2", "gtdula-fig3"):
+                     "fsgld-fig5-laplace", "fsgld-table1", "gtdula-fig1", "gtdula-fig2", "gtdula-fig3",
+                     "pdmc-fig1", "pdmc-privacy", "pdmc-fig3"):
         assert expected in names
 
 
