@@ -8,7 +8,7 @@ import numpy as np
 
 from . import register
 from ._common import Clock, write_json, write_readme
-from ._pdmc import summary_table, verdict_numbers, w1_against_workers
+from ._pdmc import ess_sentence, summary_table, verdict_numbers, w1_against_workers
 
 NAME = "pdmc-fig3"
 
@@ -68,8 +68,8 @@ def run(out_dir: Path, quick: bool) -> None:
              f"{size['nuts']['num_samples']} draws). Mean W1 in units of the posterior sd: "
              + ", ".join(f"M={m}: {s:.3f}" for m, s in zip(workers, score))
              + f" (largest / M=1: {ratio:.2f}). Switching rates: {rates}. See `w1_vs_workers.png` "
-             "(boxes over runs; dotted: W1 between two halves of the reference, the noise floor of "
-             "a sample that size).",
+             "(boxes over runs; dotted: W1 between the two halves of the NUTS reference, its own noise level "
+             "). " + ess_sentence(workers, infos),
         table=table,
         differences=f"Scaled down for 10 minutes on 2 shared cores: {size['runs']} runs of T = "
                     f"{size['T']:g} instead of 20 of T = 100, M in {list(workers)} (the paper's M values "
