@@ -25,7 +25,8 @@ def test_every_reproduction_module_imports():
     names = _names()
     for expected in ("fsgld-fig1", "fsgld-fig2-3", "fsgld-fig4", "fsgld-appf1", "fsgld-fig5",
                      "fsgld-fig5-laplace", "fsgld-table1", "gtdula-fig1", "gtdula-fig2", "gtdula-fig3",
-                     "pdmc-fig1", "pdmc-privacy", "pdmc-fig3"):
+                     "pdmc-fig1", "pdmc-privacy", "pdmc-fig2", "pdmc-fig3", "pdmc-fig4", "pdmc-fig5",
+                     "pdmc-fig7"):
         assert expected in names
 
 
