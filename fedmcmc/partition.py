@@ -41,6 +41,8 @@ from typing import Any, List, Optional, Sequence, Union
 import jax
 import numpy as np
 
+from .algorithm import check_positive_float as _positive_float
+from .algorithm import check_positive_int as _positive_int
 from .federation import Federation
 
 PyTree = Any
@@ -105,22 +107,6 @@ def _labels(data: PyTree, labels: Any, n: int, argument: str = "labels") -> np.n
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{argument} must be a vector with one entry per example ({n}), got shape {array.shape}")
     return array
-
-
-def _positive_int(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{argument} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _positive_float(value: Any, argument: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{argument} must be a positive number, got {value!r}") from None
-    if not np.isfinite(number) or number <= 0:
-        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
-    return number
 
 
 def _weights(weights: Any, num_clients: int):

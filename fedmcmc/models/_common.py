@@ -8,6 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..algorithm import check_positive_float
+from ..algorithm import check_positive_int as positive_int
+
 PyTree = Any
 
 LOG_2PI = float(np.log(2.0 * np.pi))
@@ -48,22 +51,10 @@ def as_vector(value: Any, dim: int, argument: str) -> np.ndarray:
     return array
 
 
-def positive_int(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{argument} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def positive_float(value: Any, argument: str, allow_none: bool = False) -> Optional[float]:
     if value is None and allow_none:
         return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{argument} must be a positive number, got {value!r}") from None
-    if not np.isfinite(number) or number <= 0:
-        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
-    return number
+    return check_positive_float(value, argument)
 
 
 def pooled(data: Any) -> PyTree:
