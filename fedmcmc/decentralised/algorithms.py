@@ -12,6 +12,16 @@ states are in ``result.info["agent_samples"]`` (shape
 (1/n) sum_i ||w_i - w_bar||^2 and, unless ``gradient_error=False``, the
 gradient error ||d - 1 (x) u_bar|| of section 4.3 (for DULA, d_i is the exact
 local gradient grad E_i(w_i), the direction DULA follows).
+
+Checkpoint and resume (``supports_resume``, :mod:`fedmcmc.checkpoint`, local
+engine): the chain state holds the agents' samples, the iteration counter (which
+is also the position in the step-size schedule and its decay) and, for GT-DULA,
+the gradient trackers and the last local gradient estimates; the initial states
+are a function of the seed. A resumed run's ``info`` counts iterations, rounds
+and messages from draw 0; ``info["agent_samples"]`` holds the agents' draws
+of this call only (from global draw ``max(start_draw, burn_in)``, recorded in
+``info["agent_samples_first_draw"]``): ``fedmcmc run`` stitches the network
+average, not the agents' draws.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import networkx as nx
 import numpy as np
 
 from ..algorithm import Algorithm, check_positive_float, check_positive_int
+from ..checkpoint import restore_states, split_run_options
 from ..engines.local import default_chunk_size, run_chains
 from ..langevin.schedules import as_schedule
 from ..results import Result, SamplingDivergedError
@@ -98,6 +109,10 @@ class _Decentralised(Algorithm):
     #: "ray": one Ray actor per agent, neighbour exchange actor to actor (``engines/neighbour.py``)
     engines = ("local", "ray")
     divergence_threshold: float = 1e10
+    #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS`` on the local
+    #: engine (on engine="ray" the callbacks are accepted but not called, and resuming is
+    #: refused: see ``engines/handoff.check_engine_options``)
+    supports_resume: bool = True
 
     def _common(
         self,
@@ -169,8 +184,7 @@ class _Decentralised(Algorithm):
                 self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
                 thin=thin, chains=chains, seed=seed, progress=progress, **options,
             )
-        if options:
-            raise ValueError(f"unknown options for {self.name}: {sorted(options)}")
+        run_options = split_run_options(options, self.name)
         if engine != "local":
             raise ValueError(f"engine={engine!r} is not available for {self.name}; use 'local'")
         n = federation.num_clients
@@ -196,6 +210,19 @@ class _Decentralised(Algorithm):
         states = jax.jit(jax.vmap(lambda k: self._init_state(k, positions, local_gradient)))(
             init_keys
         )
+        start_draw = run_options.pop("start_draw", 0)
+        resume_state = run_options.pop("resume_state", None)
+        if resume_state is not None:
+            states = restore_states(states, resume_state)
+        # A chunk length that divides the run (one compiled program) unless the caller sets one.
+        chunk_size = run_options.pop("chunk_size", None) or _chunk_size(burn_in + num_samples)
+        on_draws = run_options.pop("on_draws", None)
+        if on_draws is not None:
+            # The engine's draws are (network average[, every agent]): pass on result.samples.
+            def average_only(draws, stats, first_index, _user=on_draws):
+                _user(draws[..., :dim], stats, first_index)
+
+            run_options["on_draws"] = average_only
         track = self.gradient_error
         keep_agents = self.keep_agent_samples
         tracking = self.tracking
@@ -228,7 +255,9 @@ class _Decentralised(Algorithm):
             progress=progress,
             label=self.name,
             iterations_per_draw=thin,
-            chunk_size=_chunk_size(burn_in + num_samples),
+            chunk_size=chunk_size,
+            start_draw=start_draw,
+            **run_options,
         )
         draws = np.asarray(run.draws)
         kept = draws.shape[1]
@@ -266,6 +295,10 @@ class _Decentralised(Algorithm):
             info["gamma"] = gamma
         if self.keep_agent_samples:
             info["agent_samples"] = _unravel_numpy(flat_model, agents)
+        if start_draw:
+            info["start_draw"] = int(start_draw)
+            if self.keep_agent_samples:
+                info["agent_samples_first_draw"] = int(max(start_draw, burn_in))
         stats = {k: np.asarray(v) for k, v in run.stats.items()}
         result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
         if run.diverged.any():

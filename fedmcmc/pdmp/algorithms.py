@@ -9,12 +9,23 @@ float64 (``jax.enable_x64``); draws are returned in the dtype of ``init``.
 ``fm.sample(..., thin=...)`` is ignored by these algorithms: draws are taken
 every ``sample_interval`` units of process time and ``burn_in`` counts draws of
 the same length (``burn_in * sample_interval`` time units are discarded).
+
+Checkpoint and resume (``supports_resume``, :mod:`fedmcmc.checkpoint`): the chain
+state carried by the engine is ``(FedState, RunSums)``. ``FedState`` holds the
+process time, position, velocity, prior shares, bound scales, clocks, event
+counters, trajectory integrals and skeleton; ``RunSums`` holds what ``info``
+otherwise computed from the per-draw record (rate sums for ``mean_rate_*``,
+interval-mean batch sums for ``ess_batch_means``). So every ``info`` figure of
+a resumed run covers the whole run from draw 0, except ``wall_time`` and
+``ess_per_second`` (this call's wall time; ``fedmcmc run`` adds up ``wall_time``).
+Everything built before the chain loop (bounds, Newton reference, control
+variates, initial states) is a deterministic function of the seed.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +37,7 @@ from ..algorithm import (
     check_positive_float,
     check_positive_int,
 )
+from ..checkpoint import restore_states, split_run_options
 from ..engines.local import run_chains
 from ..results import Result, SamplingDivergedError
 from . import federated, privacy as privacy_module
@@ -38,7 +50,7 @@ from .bounds import (
     worker_hessian_bounds,
 )
 from .bps import BPSSpec
-from .output import batch_means_ess
+from .output import ess_from_batch_sums
 from .setup import federated_newton, worker_gradients
 from .single import make_reference
 from .zigzag import ZigZagSpec
@@ -58,9 +70,58 @@ class PDMPBoundError(RuntimeError):
         self.result = result
 
 
+RATE_KEYS = ("rate_federated", "rate_plain", "rate_canonical")
+
+
+class RunSums(NamedTuple):
+    """Per-chain sums over the kept draws that ``info`` reports, carried in the chain state
+    so that a resumed run reports them for the whole run (see the module docstring)."""
+
+    rate_sum: jax.Array  # (3,) sums of the RATE_KEYS stats (NaN skipped)
+    rate_count: jax.Array  # (3,) number of non-NaN values summed
+    batch_sum: jax.Array  # (num_batches, d) sums of the interval means per batch
+
+
+def _batch_length(num_samples: int) -> int:
+    """Batch length of the batch-means ESS: floor(sqrt(n)) for the n planned kept draws."""
+    return max(1, int(math.floor(math.sqrt(num_samples))))
+
+
+def _run_sums(burn_in: int, num_samples: int, d: int, chains: int):
+    """``(accumulate, initial RunSums (chains, ...), batch length)``:
+    ``accumulate(n_draws_before, sums, draw, stats) -> sums`` adds one draw of one chain
+    (the same on every engine)."""
+    b = _batch_length(num_samples)
+    num_batches = num_samples // b
+
+    def accumulate(n_draws_before, sums, draw, stats):
+        index = n_draws_before - burn_in  # kept-draw index of this draw (< 0: burn-in)
+        counting = index >= 0
+        rates = jnp.stack([jnp.asarray(stats.get(k, jnp.nan), jnp.float64) for k in RATE_KEYS])
+        use = counting & ~jnp.isnan(rates)
+        batch = index // b
+        in_batch = counting & (batch < num_batches)
+        row = jnp.clip(batch, 0, num_batches - 1)
+        return RunSums(
+            rate_sum=sums.rate_sum + jnp.where(use, rates, 0.0),
+            rate_count=sums.rate_count + use.astype(jnp.int32),
+            batch_sum=sums.batch_sum.at[row].add(jnp.where(in_batch, draw[d:], 0.0)),
+        )
+
+    sums = RunSums(
+        rate_sum=jnp.zeros((chains, len(RATE_KEYS)), jnp.float64),
+        rate_count=jnp.zeros((chains, len(RATE_KEYS)), jnp.int32),
+        batch_sum=jnp.zeros((chains, max(num_batches, 1), d), jnp.float64),
+    )
+    return accumulate, sums, b
+
+
 class _FedPDMP(Algorithm):
     spec: Any = None
     divergence_threshold = 1e10
+    #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
+    #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)
+    supports_resume: bool = True
 
     def __init__(
         self,
@@ -158,7 +219,7 @@ class _FedPDMP(Algorithm):
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, skeleton=False, init_jitter=0.0, rate_diagnostics=True,
-               chunk_size=None, **options):
+               **options):
         """Run the sampler (see :func:`fedmcmc.sample`).
 
         Options: ``skeleton`` (False, True = 10,000 points per chain, or an int buffer size):
@@ -166,10 +227,12 @@ class _FedPDMP(Algorithm):
         chains start at ``init + init_jitter * N(0, I)`` (velocities are always drawn per
         chain); ``rate_diagnostics`` (default True): record the federated, plain and
         canonical event rates at every draw (one extra gradient per draw).
-        ``thin`` is ignored (see the module docstring).
+        ``thin`` is ignored (see the module docstring). The generic run options of
+        :mod:`fedmcmc.checkpoint` (``chunk_size``, ``start_draw``, ``resume_state``,
+        ``on_chunk``, ``on_draws``) are accepted; ``on_draws`` receives the positions only,
+        in the dtype of ``init`` (the draws of ``result.samples``).
         """
-        if options:
-            raise ValueError(f"unknown options for {self.name}: {sorted(options)}")
+        run_options = split_run_options(options, self.name)
         if skeleton is True:
             skeleton = 10_000
         skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
@@ -177,20 +240,45 @@ class _FedPDMP(Algorithm):
         with jax.enable_x64(True):
             return self._sample(model, federation, init, num_samples, burn_in, chains, seed,
                                 progress, skeleton_size, init_jitter, bool(rate_diagnostics),
-                                chunk_size)
+                                run_options)
 
     def _sample(self, model, federation, init, num_samples, burn_in, chains, seed, progress,
-                skeleton_size, init_jitter, rate_diagnostics, chunk_size):
+                skeleton_size, init_jitter, rate_diagnostics, run_options):
         built = self.build(model, federation, init, burn_in=burn_in, chains=chains, seed=seed,
                            skeleton_size=skeleton_size, init_jitter=init_jitter,
                            rate_diagnostics=rate_diagnostics)
-        cfg, draw_step, states, k_run, out_model, info, on_violation = built
+        cfg, draw_step, fed_states, k_run, out_model, info, on_violation = built
+        d = cfg.dim
+        accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
+
+        def run_step(key, carry):
+            st, sums = carry
+            n_before = st.n_draws
+            st, draw, stats = draw_step(key, st)
+            return (st, accumulate(n_before, sums, draw, stats)), draw, stats
+
+        states = (fed_states, sums)
+        start_draw = run_options.pop("start_draw", 0)
+        resume_state = run_options.pop("resume_state", None)
+        if resume_state is not None:
+            states = restore_states(states, resume_state)
+        on_draws = run_options.pop("on_draws", None)
+        if on_draws is not None:
+            # The engine's draws are (position, interval mean); pass on what result.samples holds.
+            out_dtype = np.dtype(out_model.dtype)
+
+            def positions_only(draws, stats, first_index, _user=on_draws):
+                _user(np.asarray(draws[..., :d], dtype=out_dtype), stats, first_index)
+
+            run_options["on_draws"] = positions_only
         run = run_chains(
-            draw_step, states, k_run, burn_in=burn_in, num_samples=num_samples,
-            position=lambda s: s.x, divergence_threshold=self.divergence_threshold,
-            chunk_size=chunk_size, progress=progress, label=self.name)
+            run_step, states, k_run, burn_in=burn_in, num_samples=num_samples,
+            position=lambda s: s[0].x, divergence_threshold=self.divergence_threshold,
+            progress=progress, label=self.name, start_draw=start_draw, **run_options)
+        if start_draw:
+            info["start_draw"] = int(start_draw)
         return self._result(run, cfg, out_model, federation, info, num_samples, burn_in, chains,
-                            on_violation, skeleton_size)
+                            on_violation, skeleton_size, b)
 
     def build(self, model, federation, init, *, burn_in=0, chains=1, seed=0, skeleton_size=0,
               init_jitter=0.0, rate_diagnostics=True):
@@ -308,12 +396,12 @@ class _FedPDMP(Algorithm):
 
     # ----------------------------------------------------------------- output
     def _result(self, run, cfg, out_model, federation, info, num_samples, burn_in, chains,
-                on_violation, skeleton_size):
+                on_violation, skeleton_size, batch_length):
         d = cfg.dim
         M = cfg.num_workers
-        st = jax.tree_util.tree_map(np.asarray, run.state)
+        st, sums = jax.tree_util.tree_map(np.asarray, run.state)
         draws = np.asarray(run.draws, dtype=np.float64)
-        positions, interval_means = draws[..., :d], draws[..., d:]
+        positions = draws[..., :d]
         kept_time = st.kept_time  # (chains,)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean_c = st.sum_x / kept_time[:, None]
@@ -366,14 +454,24 @@ class _FedPDMP(Algorithm):
         )
         if cfg.prior_worker:
             info["prior_bound_violations"] = int(st.violations.sum(axis=0)[M])
-        for key in ("rate_federated", "rate_plain", "rate_canonical"):
-            if key in run.stats:
-                info["mean_" + key] = float(np.nanmean(run.stats[key]))
+        if cfg.rate_diagnostics:
+            # means over every kept draw of the run (also of a resumed one: the sums are state)
+            count = sums.rate_count.sum(axis=0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rate_means = sums.rate_sum.sum(axis=0) / count
+            for key, mean_rate, n in zip(RATE_KEYS, rate_means, count):
+                if n > 0:
+                    info["mean_" + key] = float(mean_rate)
         if "mean_rate_federated" in info and info["mean_rate_federated"] > 0:
             info["rate_reduction_control_variates"] = (
                 info["mean_rate_plain"] / info["mean_rate_federated"])
-        if positions.shape[1] >= 4 and np.all(np.isfinite(interval_means)):
-            ess = batch_means_ess(interval_means, np.diag(cov))
+        # Batch means over the whole run's kept draws so far: complete batches of
+        # floor(sqrt(num_samples)) interval means.
+        kept_so_far = max(0, run.draws_done - burn_in)
+        full_batches = min(kept_so_far // batch_length, num_samples // batch_length)
+        batch_sums = sums.batch_sum[:, :full_batches]
+        if kept_so_far >= 4 and full_batches >= 2 and np.all(np.isfinite(batch_sums)):
+            ess = ess_from_batch_sums(batch_sums, batch_length, np.diag(cov))
             info["ess_batch_means"] = ess.tolist()
             info["ess_batch_means_min"] = float(ess.min())
             info["ess_per_second"] = float(ess.min() / max(run.wall_time, 1e-9))

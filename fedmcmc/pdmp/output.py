@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["batch_means_ess"]
+__all__ = ["batch_means_ess", "ess_from_batch_sums"]
 
 
 def batch_means_ess(interval_means: np.ndarray, variance: np.ndarray) -> np.ndarray:
@@ -24,6 +24,25 @@ def batch_means_ess(interval_means: np.ndarray, variance: np.ndarray) -> np.ndar
     total = np.zeros(d)
     for c in range(chains):
         batches = y[c, : nb * b].reshape(nb, b, d).mean(axis=1)
+        s2 = batches.var(axis=0, ddof=1) if nb > 1 else np.full(d, np.inf)
+        asym = np.maximum(b * s2, 1e-300)
+        total += (nb * b) * np.asarray(variance) / asym
+    return total
+
+
+def ess_from_batch_sums(batch_sums: np.ndarray, batch_length: int, variance: np.ndarray) -> np.ndarray:
+    """:func:`batch_means_ess` from per-batch sums of the interval means.
+
+    ``batch_sums`` has shape ``(chains, nb, d)``: the sum of ``batch_length``
+    consecutive interval means per batch (what the samplers accumulate in their
+    chain state, so that a resumed run can report the ESS of the whole run).
+    """
+    sums = np.asarray(batch_sums, dtype=np.float64)
+    chains, nb, d = sums.shape
+    b = int(batch_length)
+    total = np.zeros(d)
+    for c in range(chains):
+        batches = sums[c] / b
         s2 = batches.var(axis=0, ddof=1) if nb > 1 else np.full(d, np.inf)
         asym = np.maximum(b * s2, 1e-300)
         total += (nb * b) * np.asarray(variance) / asym
