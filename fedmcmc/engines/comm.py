@@ -34,6 +34,7 @@ __all__ = [
     "Transport",
     "InProcessTransport",
     "payload_arrays",
+    "client_location",
 ]
 
 
@@ -59,6 +60,22 @@ class ClientFailureError(RuntimeError):
         self.result = result
         self.client = client
         self.reason = reason
+
+
+def client_location(index: int) -> Dict[str, Any]:
+    """Where a client endpoint runs: host name, process id and, on Ray, the node id."""
+    import os
+    import socket
+
+    where = {"client": int(index), "host": socket.gethostname(), "pid": os.getpid()}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            where["node_id"] = ray.get_runtime_context().get_node_id()
+    except ImportError:  # pragma: no cover - in-process transport without Ray
+        pass
+    return where
 
 
 def payload_arrays(payload: Any) -> List[np.ndarray]:

@@ -87,17 +87,9 @@ class HandoffClient:
 
     def location(self) -> Dict[str, Any]:
         """Where this client runs: host name, process id and, on Ray, the node id."""
-        import socket
+        from .comm import client_location
 
-        where = {"client": self.index, "host": socket.gethostname(), "pid": os.getpid()}
-        try:
-            import ray
-
-            if ray.is_initialized():
-                where["node_id"] = ray.get_runtime_context().get_node_id()
-        except ImportError:  # pragma: no cover - in-process transport without Ray
-            pass
-        return where
+        return client_location(self.index)
 
     def fit_surrogate(self, kind: str, theta0, options: Dict[str, Any]):
         """Fit q_s on this client's data only; returns its natural parameters (P_s, b_s).
@@ -125,6 +117,33 @@ class HandoffClient:
         precision, shift = np.asarray(fitted.precision[0]), np.asarray(fitted.shift[0])
         self._own_surrogate = (precision, shift)
         return precision, shift
+
+    def estimator_moments(self, weight: float, global_surrogate: tuple, center, probes: int):
+        """The d + 1 moments of this client's FSGLD estimator at ``center`` over ``probes`` of
+        its own minibatches (for ``trust_radius="auto"``; ``estimators.estimator_moments``),
+        with the in-process engine's key for this client."""
+        from ..langevin.estimators import estimator_moments
+        from ..surrogates import GaussianSurrogates, ProductSurrogate
+
+        if self._own_surrogate is None:
+            raise ValueError("estimator_moments before this client's surrogate is known")
+        precision, shift = self._own_surrogate
+        key = jax.random.fold_in(
+            jax.random.fold_in(jax.random.fold_in(jax.random.key(self.spec["seed"]), 2**20), 7),
+            self.index)
+        flat_model, data, spec = self.flat_model, self.data, self.spec
+
+        @jax.jit
+        def moments(weight, own, product, center, key):
+            return estimator_moments(flat_model, data, jnp.int32(0), weight, spec["batch_size"],
+                                     spec["alpha"], own, product, center, key, int(probes))
+
+        mean, second = moments(
+            jnp.asarray(weight, jnp.float32),
+            GaussianSurrogates(jnp.asarray(precision)[None], jnp.asarray(shift)[None]),
+            ProductSurrogate(jnp.asarray(global_surrogate[0]), jnp.asarray(global_surrogate[1])),
+            jnp.asarray(center), key)
+        return np.asarray(mean), float(second)
 
     def configure(self, weight: float, surrogate: Optional[tuple] = None,
                   global_surrogate: Optional[tuple] = None, trust: Optional[tuple] = None) -> int:
@@ -258,14 +277,40 @@ def run_handoff(
     divergence_threshold: float = 1e10,
     reconfigure: Optional[Callable[[np.ndarray], None]] = None,
     make_result: Optional[Callable[["HandoffRun"], Any]] = None,
+    progress: Optional[bool] = None,
+    label: str = "sampling",
 ) -> HandoffRun:
     """Run every chain to ``total_draws`` draws by handing it from client to client.
 
     ``reconfigure(weights)`` is called after a client is dropped, with the
     renormalised f_s (0 for dropped clients); it must send the clients their
     new configuration. ``make_result(run)`` builds the partial ``Result``
-    carried by :class:`ClientFailureError`.
+    carried by :class:`ClientFailureError`. ``progress``: a progress bar of the
+    draws received over all chains (default: when stderr is a terminal).
     """
+    bar = _progress_bar(progress, label, chains * total_draws)
+    try:
+        return _run_handoff(
+            transport, weights, theta0, chains, thin, local_steps, total_draws, seed,
+            visit_timeout, on_client_failure, divergence_threshold, reconfigure, make_result, bar)
+    finally:
+        if bar is not None:
+            bar[0].stop()
+
+
+def _progress_bar(progress: Optional[bool], label: str, total: int):
+    import sys
+
+    from .local import _progress
+
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return _progress(progress, label, total)
+
+
+def _run_handoff(transport, weights, theta0, chains, thin, local_steps, total_draws, seed,
+                 visit_timeout, on_client_failure, divergence_threshold, reconfigure, make_result,
+                 bar) -> HandoffRun:
     from ..langevin.estimators import draw_client
 
     started = time.perf_counter()
@@ -391,7 +436,15 @@ def run_handoff(
     for chain in range(chains):
         if done[chain] < total_draws:
             submit(chain)
+    last_update = started
     while inflight:
+        now = time.perf_counter()
+        if bar is not None and now - last_update > 0.5:
+            received = int(done.sum())
+            bar[0].update(bar[1], completed=received,
+                          rate=f"{received / max(now - started, 1e-9):,.1f} draws/s, "
+                               f"{int(rounds.sum())} visits")
+            last_update = now
         timeout = None
         if visit_timeout is not None:
             oldest = min(p.sent_at for p in inflight.values())
@@ -424,6 +477,8 @@ def run_handoff(
                 continue
             seen.add(client)
             fail(client, reason)
+    if bar is not None:
+        bar[0].update(bar[1], completed=int(done.sum()), rate=f"{int(rounds.sum())} visits")
     return snapshot()
 
 
@@ -491,6 +546,7 @@ def sample_handoff(
     on_client_failure: str = "stop",
     audit_messages: bool = False,
     fault_injection: Optional[dict] = None,
+    progress: Optional[bool] = None,
 ):
     """DSGLD/FSGLD through the hand-off protocol on the transport ``make_transport`` builds.
 
@@ -592,8 +648,8 @@ def sample_handoff(
                     )
                     radius = algorithm.trust_radius
                     if radius == "auto":
-                        radius = _auto_radius(algorithm, flat_model, federation, current_weights,
-                                              kept, subset, product, center, seed)
+                        radius = _auto_radius(algorithm, transport, flat_model, current_weights,
+                                              kept, global_surrogate, center, timeout)
                     trust = (np.asarray(center), np.asarray(metric), float(radius))
                     info["trust_radius"] = radius
                 else:
@@ -636,6 +692,8 @@ def sample_handoff(
             divergence_threshold=algorithm.divergence_threshold,
             reconfigure=configure,
             make_result=to_result,
+            progress=progress,
+            label=f"{algorithm.name} ({engine_label})",
         )
         result = to_result(run)
     finally:
@@ -654,28 +712,24 @@ def sample_handoff(
     return result
 
 
-def _auto_radius(algorithm, flat_model, federation, weights, kept, surrogates, product, center,
-                 seed) -> float:
-    """FSGLD's ``trust_radius="auto"``, as the in-process engine computes it.
+def _auto_radius(algorithm, transport, flat_model, weights, kept, global_surrogate, center,
+                 timeout) -> float:
+    """FSGLD's ``trust_radius="auto"`` from the clients' own estimator moments (d + 1 floats
+    each, computed in the client from its data; the in-process engine computes the same
+    moments with the same keys, so the radius is the same)."""
+    from ..langevin import fsgld
 
-    If the algorithm has ``_auto_trust_radius`` (a radius widened by the measured
-    minibatch noise of the estimator at the centre), it is called as the in-process
-    engine calls it -- on the driver's copy of the (remaining) clients' data, the one
-    server-side computation that reads data; otherwise the chi-square quantile.
-    """
-    from scipy.stats import chi2
-
-    method = getattr(algorithm, "_auto_trust_radius", None)
-    if method is not None:
-        try:
-            remaining = federation if len(kept) == federation.num_clients else federation.subset(kept)
-            w = np.asarray(weights, np.float64)[np.asarray(kept)]
-            key = jax.random.fold_in(jax.random.key(seed), 2**20)
-            return float(method(flat_model, remaining.concatenated(), jnp.asarray(w / w.sum(), jnp.float32),
-                                surrogates, product, center, key))
-        except TypeError:  # a different signature: fall back to the chi-square quantile
-            pass
-    return float(np.sqrt(chi2.ppf(1 - 1e-4, df=flat_model.dim)))
+    center = np.asarray(center)
+    probes = int(getattr(algorithm, "radius_probes_per_client", 64))
+    pendings = [transport.call(s, "estimator_moments", float(weights[s]), global_surrogate, center,
+                               probes) for s in kept]
+    replies = [_wait_result(transport, p, timeout) for p in pendings]
+    means = np.stack([np.asarray(m) for m, _ in replies])
+    second = np.array([v for _, v in replies])
+    w = np.asarray(weights, np.float64)[np.asarray(kept)]
+    trace = fsgld.noise_trace_from_moments(w / w.sum(), means, second)
+    h = algorithm.step_size if not callable(algorithm.step_size) else float(algorithm.step_size(0))
+    return fsgld.auto_trust_radius(flat_model.dim, h, trace)
 
 
 def _wait_result(transport: Transport, pending, timeout: Optional[float]):

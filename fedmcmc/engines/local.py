@@ -89,6 +89,8 @@ def run_chains(
     start_draw: int = 0,
     on_chunk: Optional[Callable[[PyTree, int], None]] = None,
     on_draws: Optional[Callable[[np.ndarray, Dict[str, np.ndarray], int], None]] = None,
+    draw_noise: Optional[Callable[[jax.Array], PyTree]] = None,
+    noise_block_bytes: int = 4 << 20,
 ) -> ChainRun:
     """Run ``burn_in + num_samples`` draws of ``draw_step`` on every chain.
 
@@ -113,6 +115,13 @@ def run_chains(
         Called after every chunk, before ``on_chunk``, with the chunk's KEPT
         draws ``(chains, k, dim)``, their stats ``{name: (chains, k)}`` and the
         global index of the first of them (checkpoints keep the draws so far).
+    draw_noise:
+        Optional ``key -> random numbers of one draw of one chain``. Then
+        ``draw_step(noise, state)`` takes those numbers instead of a key, and the
+        engine draws them for a block of draws and all chains in one batched call
+        (blocks of at most ``noise_block_bytes``) -- the same numbers, from the same
+        keys, as one call per draw, but without the per-call cost of the PRNG, which
+        dominates a small model's update on CPU.
     """
     total = burn_in + num_samples
     chunk_size = chunk_size or default_chunk_size(total)
@@ -129,9 +138,42 @@ def run_chains(
         )
         return states, (draws, stats, finite)
 
+    def draw_keys(draw_index):
+        return jax.random.split(jax.random.fold_in(key, draw_index), chains)
+
+    def one_draw_with(states, inputs):
+        noise = inputs
+        states, draws, stats = jax.vmap(draw_step)(noise, states)
+        finite = jnp.all(jnp.isfinite(draws), axis=-1) & jnp.all(
+            jnp.abs(draws) < divergence_threshold, axis=-1
+        )
+        return states, (draws, stats, finite)
+
+    def noise_block(states, indices):
+        noise = jax.vmap(lambda i: jax.vmap(draw_noise)(draw_keys(i)))(indices)
+        return jax.lax.scan(one_draw_with, states, noise)
+
+    if draw_noise is not None:
+        one_chain_noise = jax.eval_shape(draw_noise, jax.random.key(0))
+        per_draw = chains * sum(
+            int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+            for leaf in jax.tree_util.tree_leaves(one_chain_noise))
+        block = max(1, int(noise_block_bytes // max(per_draw, 1)))
+
     @jax.jit
     def run_chunk(states, draw_indices):
-        return jax.lax.scan(one_draw, states, draw_indices)
+        if draw_noise is None:
+            return jax.lax.scan(one_draw, states, draw_indices)
+        n = draw_indices.shape[0]
+        size = min(block, n)
+        full, rest = divmod(n, size)
+        head = draw_indices[: full * size].reshape(full, size)
+        states, out = jax.lax.scan(noise_block, states, head)
+        out = jax.tree_util.tree_map(lambda a: a.reshape((full * size,) + a.shape[2:]), out)
+        if rest:
+            states, tail = noise_block(states, draw_indices[full * size:])
+            out = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), out, tail)
+        return states, out
 
     states = initial_states
     kept_draws, kept_stats = [], []

@@ -172,6 +172,10 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
         consensus = np.full((chains, total), np.nan, np.float32)
         done = 0
         started = time.perf_counter()
+        from .handoff import _progress_bar
+
+        bar = _progress_bar(progress, f"{algorithm.name} (ray)", total)
+        last_update = started
         try:
             refs = [actor.message.remote() for actor in transport.actors]
             k = 0
@@ -193,11 +197,18 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
                 draws[:, done] = w.mean(axis=1)
                 consensus[:, done] = np.sum((w - w.mean(axis=1, keepdims=True)) ** 2, axis=(1, 2)) / n
                 done += 1
+                now = time.perf_counter()
+                if bar is not None and (now - last_update > 0.5 or done == total):
+                    bar[0].update(bar[1], completed=done,
+                                  rate=f"{done * thin / max(now - started, 1e-9):,.1f} it/s")
+                    last_update = now
         except ClientFailureError as error:
             error.result = _result(algorithm, flat_model, draws, agents, consensus, done, burn_in,
                                    thin, chains, topo, neighbours, floats_per_message, started)
             raise
         finally:
+            if bar is not None:
+                bar[0].stop()
             transport.close()
     return _result(algorithm, flat_model, draws, agents, consensus, done, burn_in, thin, chains,
                    topo, neighbours, floats_per_message, started)

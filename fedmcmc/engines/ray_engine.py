@@ -187,4 +187,5 @@ def sample(algorithm, model, federation, *, init, num_samples, burn_in, thin, ch
             on_client_failure=options["on_client_failure"],
             audit_messages=bool(options.get("audit_messages", False)),
             fault_injection=options.get("fault_injection"),
+            progress=progress,
         )

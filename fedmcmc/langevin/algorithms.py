@@ -74,9 +74,13 @@ class _LangevinAlgorithm(Algorithm):
         client_aware: bool,
         run_options: Optional[dict] = None,
     ) -> Result:
-        def draw_step(key, state):
-            keys = jax.random.split(key, thin)
-            state, _ = jax.lax.scan(lambda s, k: (step(k, s), None), state, keys)
+        def draw_noise(key):
+            # the random numbers of the draw's ``thin`` updates, from the keys
+            # split(key, thin) (what ``step(k, s)`` would draw one update at a time)
+            return jax.vmap(step.noise)(jax.random.split(key, thin))
+
+        def draw_step(noise, state):
+            state, _ = jax.lax.scan(lambda s, z: (step.apply(z, s), None), state, noise)
             stats = {}
             if client_aware:
                 stats = {"client": state.client, "round": state.rounds}
@@ -102,6 +106,7 @@ class _LangevinAlgorithm(Algorithm):
             label=label,
             iterations_per_draw=thin,
             start_draw=start_draw,
+            draw_noise=draw_noise,
             **run_options,
         )
         final = run.state
@@ -435,40 +440,30 @@ class FSGLD(DSGLD):
             chains=chains, seed=seed, engine=engine, progress=progress, **options,
         )
 
-    def _auto_trust_radius(self, flat_model, data, weights, surrogates, global_surrogate, center, key,
-                           probes: int = 512) -> float:
-        """The 1 - 1e-4 quantile of the *discretised chain's* distance to the centre.
+    #: minibatch draws per client for the automatic trust radius
+    radius_probes_per_client = 64
 
-        For the unadjusted recursion theta' = theta - (h/2) A theta + (h/2) eps + sqrt(h) xi
-        with gradient noise eps ~ (0, C), the stationary law satisfies, to first order in h,
-        E[delta^T A delta] = d + (h/4) tr(C). The chi-square quantile of the posterior is
-        therefore widened by 1 + (h/4) tr(C) / d, with tr(C) the variance of the FSGLD
-        estimator at the centre, estimated over ``probes`` client and minibatch draws.
-        Without this, large minibatch noise would put the chain outside the radius
-        often and the damping would change what is sampled.
-        """
-        from scipy.stats import chi2
+    def _auto_trust_radius(self, flat_model, data, weights, surrogates, global_surrogate, center,
+                           key) -> float:
+        """``trust_radius="auto"`` (``fsgld.auto_trust_radius``): the chi-square quantile widened
+        by the estimator's noise at the centre, tr C. Each client s computes the d + 1 moments of
+        its own estimator (``estimators.estimator_moments``, key ``fold_in(fold_in(key, 7), s)``)
+        -- on the Ray engine in its actor, from its own data -- and tr C follows from them."""
+        from .estimators import estimator_moments
 
-        from .estimators import conducive_gradient, draw_client, draw_minibatch, dsgld_gradient
+        base = jax.random.fold_in(key, 7)
+        clients = jnp.arange(weights.shape[0], dtype=jnp.int32)
 
-        cumulative = jnp.cumsum(weights)
+        def moments(client):
+            return estimator_moments(
+                flat_model, data, client, weights[client], self.batch_size, self.alpha,
+                surrogates, global_surrogate, center, jax.random.fold_in(base, client),
+                self.radius_probes_per_client)
 
-        def estimate(probe_key):
-            key_client, key_batch = jax.random.split(probe_key)
-            client = draw_client(key_client, cumulative)
-            batch, size = draw_minibatch(key_batch, data, client, self.batch_size)
-            f_s = weights[client]
-            return dsgld_gradient(flat_model, center, batch, size, self.batch_size, f_s) + (
-                self.alpha * conducive_gradient(center, client, f_s, surrogates, global_surrogate)
-            )
-
-        values = jax.jit(jax.vmap(estimate))(jax.random.split(jax.random.fold_in(key, 7), probes))
-        noise_trace = float(jnp.sum(jnp.var(values, axis=0)))
+        means, second = jax.jit(jax.vmap(moments))(clients)
+        noise_trace = fsgld.noise_trace_from_moments(weights, means, second)
         h = self.step_size if not callable(self.step_size) else float(self.step_size(0))
-        widening = 1.0 + h * noise_trace / (4.0 * flat_model.dim)
-        if not np.isfinite(widening):
-            widening = 1.0
-        return float(np.sqrt(chi2.ppf(1 - 1e-4, df=flat_model.dim) * widening))
+        return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace)
 
     def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
         started = time.perf_counter()

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 
 from ..federation import ConcatenatedData
 from ..model import FlatModel
-from .estimators import draw_client, draw_minibatch, dsgld_gradient
-from .sgld import langevin_update
+from .estimators import client_from_uniform, dsgld_gradient, minibatch_from_uniforms
+from .sgld import LangevinStep, StepNoise, langevin_move, step_noise
 
 __all__ = ["FederatedChainState", "init", "build_kernel", "build_federated_kernel"]
 
@@ -51,23 +51,28 @@ def build_federated_kernel(
     local_steps: int,
     schedule: Callable,
     noise: bool = True,
+    dim: int = None,
+    dtype=jnp.float32,
 ):
-    """One update (3) of a chain handed between clients.
+    """One update (3) of a chain handed between clients, as a :class:`~.sgld.LangevinStep`
+    (``step(key, state)``, or ``noise``/``apply`` for bulk random numbers).
 
     ``estimator(theta, batch, client, client_size, iteration)`` returns the
-    gradient estimate v_s(theta) (+ g_s for FSGLD).
+    gradient estimate v_s(theta) (+ g_s for FSGLD); ``dim``/``dtype``: the flat parameter's.
     """
+    if dim is None:
+        raise ValueError("dim (the flat parameter's length) is required")
     cumulative_weights = jnp.cumsum(client_weights)
 
-    def step(key: jax.Array, state: FederatedChainState) -> FederatedChainState:
-        key_client, key_batch, key_noise = jax.random.split(key, 3)
+    def apply(random: StepNoise, state: FederatedChainState) -> FederatedChainState:
         new_visit = state.steps_on_client == 0
-        client = jnp.where(new_visit, draw_client(key_client, cumulative_weights), state.client)
-        batch, client_size = draw_minibatch(key_batch, data, client, batch_size)
+        client = jnp.where(new_visit, client_from_uniform(random.client, cumulative_weights),
+                           state.client)
+        batch, client_size = minibatch_from_uniforms(random.batch, data, client)
         gradient = estimator(state.position, batch, client, client_size, state.iteration)
         h = schedule(state.iteration)
         if noise:
-            position = langevin_update(key_noise, state.position, gradient, h)
+            position = langevin_move(state.position, gradient, h, random.normal)
         else:
             position = state.position + 0.5 * h * gradient
         visit_increment = new_visit.astype(jnp.int32)
@@ -80,7 +85,10 @@ def build_federated_kernel(
             visits=state.visits.at[client].add(visit_increment),
         )
 
-    return step
+    def noise_of(key: jax.Array) -> StepNoise:
+        return step_noise(key, batch_size, dim, dtype, cumulative_weights.dtype)
+
+    return LangevinStep(noise=noise_of, apply=apply)
 
 
 def build_kernel(
@@ -106,5 +114,6 @@ def build_kernel(
         )
 
     return build_federated_kernel(
-        estimator, data, client_weights, batch_size, local_steps, schedule, noise
+        estimator, data, client_weights, batch_size, local_steps, schedule, noise,
+        flat_model.dim, flat_model.dtype,
     )

@@ -19,6 +19,9 @@ __all__ = [
     "dsgld_gradient",
     "conducive_gradient",
     "draw_client",
+    "client_from_uniform",
+    "minibatch_from_uniforms",
+    "estimator_moments",
 ]
 
 
@@ -29,9 +32,15 @@ def draw_minibatch(key, layout: ConcatenatedData, client, batch_size: int):
     taken once, so the estimator is the exact client gradient.
     Returns the batch pytree and the client size N_s.
     """
+    return minibatch_from_uniforms(jax.random.uniform(key, (batch_size,)), layout, client)
+
+
+def minibatch_from_uniforms(uniforms, layout: ConcatenatedData, client):
+    """:func:`draw_minibatch` from its ``batch_size`` uniforms on [0, 1) (drawn in bulk by
+    the engine): row ``floor(u N_s)`` of the client for each u."""
+    batch_size = uniforms.shape[0]
     size = layout.sizes[client]
-    u = jax.random.uniform(key, (batch_size,))
-    sampled = jnp.minimum((u * size).astype(jnp.int32), size - 1)
+    sampled = jnp.minimum((uniforms * size).astype(jnp.int32), size - 1)
     whole = jnp.arange(batch_size, dtype=jnp.int32)
     rows = layout.offsets[client] + jnp.where(batch_size >= size, whole, sampled)
     batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], layout.data)
@@ -64,8 +73,36 @@ def conducive_gradient(
     return global_term - local_term / client_weight
 
 
+def estimator_moments(flat_model: FlatModel, data: ConcatenatedData, client, client_weight,
+                      batch_size: int, alpha, surrogates: GaussianSurrogates,
+                      global_surrogate: ProductSurrogate, theta, key, probes: int):
+    """Client s's moments of the FSGLD estimator (equation 5) at ``theta``, over ``probes``
+    minibatch draws from its own data: ``(mean (d,), mean squared norm ())``.
+
+    d + 1 floats a client can send instead of its data: with f_s the client
+    probabilities, the estimator's total variance is
+    ``tr C = sum_s f_s E_s|g|^2 - |sum_s f_s E_s g|^2`` (see
+    ``fsgld.noise_trace_from_moments``).
+    """
+
+    def estimate(probe_key):
+        batch, size = draw_minibatch(probe_key, data, client, batch_size)
+        return dsgld_gradient(flat_model, theta, batch, size, batch_size, client_weight) + (
+            alpha * conducive_gradient(theta, client, client_weight, surrogates, global_surrogate)
+        )
+
+    values = jax.vmap(estimate)(jax.random.split(key, probes))
+    return jnp.mean(values, axis=0), jnp.mean(jnp.sum(values * values, axis=-1))
+
+
 def draw_client(key, cumulative_weights):
     """The scheduler: client s with probability f_s (binary search on the cumulative weights)."""
-    u = jax.random.uniform(key, (), dtype=cumulative_weights.dtype) * cumulative_weights[-1]
+    return client_from_uniform(
+        jax.random.uniform(key, (), dtype=cumulative_weights.dtype), cumulative_weights)
+
+
+def client_from_uniform(uniform, cumulative_weights):
+    """:func:`draw_client` from its uniform on [0, 1) (drawn in bulk by the engine)."""
+    u = uniform * cumulative_weights[-1]
     index = jnp.searchsorted(cumulative_weights, u, side="right")
     return jnp.minimum(index, cumulative_weights.shape[0] - 1).astype(jnp.int32)

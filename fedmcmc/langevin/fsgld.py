@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple, Optional
 import jax
 
 import jax.numpy as jnp
+import numpy as np
 
 from ..federation import ConcatenatedData
 from ..model import FlatModel
@@ -49,6 +50,32 @@ class TrustRegion(NamedTuple):
     center: jax.Array
     precision: jax.Array
     radius: float
+
+
+def noise_trace_from_moments(weights, means, second_moments) -> float:
+    """tr C of the FSGLD estimator from the clients' moments (``estimators.estimator_moments``):
+    ``sum_s f_s E_s|g|^2 - |sum_s f_s E_s g|^2`` (law of total variance over the scheduler's
+    client draw)."""
+    w = np.asarray(weights, np.float64)
+    mean = w @ np.asarray(means, np.float64)
+    return float(w @ np.asarray(second_moments, np.float64) - mean @ mean)
+
+
+def auto_trust_radius(dim: int, step_size: float, noise_trace: float) -> float:
+    """``trust_radius="auto"``: the 1 - 1e-4 quantile of the *discretised chain's* distance to
+    the centre.
+
+    For the unadjusted recursion theta' = theta - (h/2) A theta + (h/2) eps + sqrt(h) xi
+    with gradient noise eps ~ (0, C), the stationary law satisfies, to first order in h,
+    E[delta^T A delta] = d + (h/4) tr(C). The chi-square quantile of the posterior is
+    therefore widened by 1 + (h/4) tr(C) / d. Without this, large minibatch noise would put
+    the chain outside the radius often and the damping would change what is sampled.
+    """
+    from scipy.stats import chi2
+
+    widening = 1.0 + step_size * noise_trace / (4.0 * dim)
+    widening = max(widening, 1.0) if np.isfinite(widening) else 1.0  # tr C >= 0 up to rounding
+    return float(np.sqrt(chi2.ppf(1 - 1e-4, df=dim) * widening))
 
 
 def trust_damping(theta, base, conducive, region: TrustRegion):
@@ -109,5 +136,6 @@ def build_kernel(
         return base + conducive
 
     return build_federated_kernel(
-        estimator, data, client_weights, batch_size, local_steps, schedule, noise
+        estimator, data, client_weights, batch_size, local_steps, schedule, noise,
+        flat_model.dim, flat_model.dtype,
     )

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 
-__all__ = ["SGLDState", "init", "langevin_update", "build_kernel"]
+__all__ = ["SGLDState", "StepNoise", "LangevinStep", "init", "langevin_update", "build_kernel"]
 
 
 class SGLDState(NamedTuple):
@@ -26,10 +26,51 @@ def init(position: jax.Array) -> SGLDState:
     return SGLDState(position=position, iteration=jnp.zeros((), jnp.int32))
 
 
+class StepNoise(NamedTuple):
+    """The random numbers of one update: the scheduler's uniform (federated chains), the
+    minibatch's uniforms and the Langevin noise xi ~ N(0, I)."""
+
+    client: jax.Array  # () uniform on [0, 1)
+    batch: jax.Array  # (batch_size,) uniforms on [0, 1)
+    normal: jax.Array  # (d,) standard normal
+
+
+class LangevinStep(NamedTuple):
+    """A BlackJAX-style kernel ``step(key, state) -> state`` split in two pure functions:
+    ``noise(key) -> StepNoise`` and ``apply(noise, state) -> state``.
+
+    ``step(key, state) == apply(noise(key), state)``; the engine calls ``noise`` on many
+    keys at once (one batched PRNG call per block of draws instead of three small ones per
+    update, which dominate a small model's step on CPU) and scans ``apply``.
+    """
+
+    noise: Callable
+    apply: Callable
+
+    def __call__(self, key, state):
+        return self.apply(self.noise(key), state)
+
+
+def step_noise(key, batch_size: int, dim: int, dtype, client_dtype=jnp.float32) -> StepNoise:
+    """The random numbers of one update from its key: split in three (scheduler, minibatch,
+    noise) as every engine does, so a chain's stream does not depend on how it is run."""
+    key_client, key_batch, key_noise = jax.random.split(key, 3)
+    return StepNoise(
+        client=jax.random.uniform(key_client, (), dtype=client_dtype),
+        batch=jax.random.uniform(key_batch, (batch_size,)),
+        normal=jax.random.normal(key_noise, (dim,), dtype),
+    )
+
+
 def langevin_update(key, position, gradient, step_size):
     """Equation (1): theta + (h/2) v + eta, eta ~ N(0, h I)."""
     noise = jax.random.normal(key, position.shape, position.dtype)
-    return position + 0.5 * step_size * gradient + jnp.sqrt(step_size) * noise
+    return langevin_move(position, gradient, step_size, noise)
+
+
+def langevin_move(position, gradient, step_size, normal):
+    """Equation (1) with the standard normal ``normal`` given: theta + (h/2) v + sqrt(h) xi."""
+    return position + 0.5 * step_size * gradient + jnp.sqrt(step_size) * normal
 
 
 def build_kernel(
@@ -46,11 +87,14 @@ def build_kernel(
     ``batch_size == N`` uses every example once (exact gradient).
     """
     total = jnp.sum(data.sizes)
+    dim = flat_model.dim
 
-    def step(key: jax.Array, state: SGLDState) -> SGLDState:
-        key_batch, key_noise = jax.random.split(key)
-        u = jax.random.uniform(key_batch, (batch_size,))
-        sampled = jnp.minimum((u * total).astype(jnp.int32), total - 1)
+    def noise_of(key: jax.Array) -> StepNoise:
+        # scheduler slot unused here; the minibatch and the noise keys are the 2nd and 3rd
+        return step_noise(key, batch_size, dim, flat_model.dtype)
+
+    def apply(random: StepNoise, state: SGLDState) -> SGLDState:
+        sampled = jnp.minimum((random.batch * total).astype(jnp.int32), total - 1)
         # a batch as large as the data is the full-data gradient (every row once)
         rows = jnp.where(batch_size >= total, jnp.arange(batch_size, dtype=jnp.int32), sampled)
         batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], data.data)
@@ -60,9 +104,9 @@ def build_kernel(
         ) * flat_model.grad_log_likelihood_sum(theta, batch)
         h = schedule(state.iteration)
         if noise:
-            position = langevin_update(key_noise, theta, gradient, h)
+            position = langevin_move(theta, gradient, h, random.normal)
         else:
             position = theta + 0.5 * h * gradient
         return SGLDState(position=position, iteration=state.iteration + 1)
 
-    return step
+    return LangevinStep(noise=noise_of, apply=apply)
