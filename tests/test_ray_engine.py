@@ -1,4 +1,4 @@
-"""The Ray engine (issue 7): DSGLD/FSGLD (and DULA/GT-DULA) with one Ray actor per client.
+"""The Ray engine (issue 7): DSGLD/FSGLD, DULA/GT-DULA and Fed-PDMC with one Ray actor per client.
 
 Every test binds loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before
 Ray is imported, ``_node_ip_address="127.0.0.1"``), bounds its run time
@@ -361,3 +361,84 @@ def test_multi_node_cluster_with_pinned_clients():
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = previous_tmpdir
+
+
+# ------------------------------------------------------------------ Fed-PDMC on Ray
+# One actor per worker; every event iteration broadcasts (x, v, cap) and gathers the workers'
+# proposals (engines/broadcast.py). Same keys as in-process: the draws must be the same.
+
+from test_pdmp_gaussian import D as PDMP_DIM, _problem as pdmp_problem, trajectory_check  # noqa: E402
+
+PDMP_KW = dict(init=np.zeros(PDMP_DIM, np.float32), burn_in=20, chains=2, seed=7,
+               progress=False, rate_diagnostics=False)
+
+
+@pytest.fixture(scope="module")
+def zigzag_runs(local_ray):
+    model, federation, mean, cov = pdmp_problem(4, False)
+    algorithm = fm.FedZigZag(sample_interval=0.5)
+    kw = dict(PDMP_KW, num_samples=300)
+    local = fm.sample(model, federation, algorithm, **kw)
+    on_ray = fm.sample(model, federation, algorithm, engine="ray", visit_timeout=TIMEOUT,
+                       audit_messages=True, **kw)
+    return local, on_ray, mean, cov
+
+
+def test_fed_zigzag_on_ray_identical_to_in_process_and_exact(zigzag_runs):
+    local, on_ray, mean, cov = zigzag_runs
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-6)
+    assert on_ray.info["events_per_worker"] == local.info["events_per_worker"]
+    ok, figures = trajectory_check(on_ray.info, mean, cov)
+    assert ok, figures
+    assert on_ray.info["engine"] == "ray" and len(on_ray.info["client_locations"]) == 4
+
+
+def test_fed_pdmp_worker_messages_are_parameter_sized(zigzag_runs):
+    """Every array a worker actor sends has at most chains x d entries (a gradient per
+    chain at its proposed event) or d x d (Newton Hessian, not used by the exact Gaussian
+    Zig-Zag); its 60-150 data rows never leave it."""
+    _, on_ray, _, _ = zigzag_runs
+    info = on_ray.info
+    chains, d = PDMP_KW["chains"], PDMP_DIM
+    audit = info["client_message_audit"]
+    assert audit and {m for _, m, _ in audit} >= {"propose", "summaries"}
+    for client, method, arrays in audit:
+        for shape, _dtype in arrays:
+            assert int(np.prod(shape)) <= max(chains * d, d * d), (client, method, shape)
+    # one broadcast per event iteration (4 calls + 4 replies) plus set-up messages
+    assert info["messages_from_clients"] >= 4 * info["event_rounds_broadcast"]
+    assert info["bytes_from_clients"] > 0 and info["bytes_to_clients"] > 0
+
+
+def test_fed_boomerang_on_ray_identical_to_in_process(local_ray):
+    """Boomerang: federated Newton by messages (Laplace reference), whitened bounds computed
+    by each worker, thinning on the worker: the in-process engine's draws."""
+    from fedmcmc.pdmp import models as pdmp_models
+
+    model = pdmp_models.logistic_model()
+    clients, _ = pdmp_models.logistic_data(0, 120, 3, num_workers=3, non_iid=True)
+    federation = fm.Federation(clients)
+    algorithm = fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.2)
+    kw = dict(PDMP_KW, init=np.zeros(3, np.float32), num_samples=40, burn_in=5)
+    local = fm.sample(model, federation, algorithm, **kw)
+    on_ray = fm.sample(model, federation, algorithm, engine="ray", visit_timeout=TIMEOUT, **kw)
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(on_ray.info["reference_mean"], local.info["reference_mean"],
+                               rtol=1e-8, atol=1e-10)
+
+
+def test_fed_pdmp_killed_worker_stop_and_drop(local_ray):
+    model, federation, _, _ = pdmp_problem(4, False)
+    algorithm = fm.FedZigZag(sample_interval=0.5)
+    kw = dict(PDMP_KW, burn_in=0, num_samples=60, visit_timeout=TIMEOUT)
+    fault = {"client": 1, "after_visits": 300, "kind": "exit"}
+    with pytest.raises(ClientFailureError) as caught:
+        fm.sample(model, federation, algorithm, engine="ray", fault_injection=fault, **kw)
+    error = caught.value
+    assert error.client == 1 and error.result is not None
+    kept = error.result.flat_samples()
+    assert 0 < kept.shape[1] < 60 and np.isfinite(kept).all()
+    result = fm.sample(model, federation, algorithm, engine="ray", fault_injection=fault,
+                       on_client_failure="drop", **kw)
+    assert result.info["dropped_clients"] == [1] and result.info["target_changed"]
+    assert result.flat_samples().shape[1] == 60 and np.isfinite(result.flat_samples()).all()

@@ -44,14 +44,12 @@ from . import federated, privacy as privacy_module
 from .boomerang import BoomerangSpec
 from .bounds import (
     _as_q_l,
-    auto_worker_bounds,
     prior_hessian_bounds,
     whitened_bound,
-    worker_hessian_bounds,
 )
 from .bps import BPSSpec
 from .output import ess_from_batch_sums
-from .setup import federated_newton, worker_gradients
+from .setup import LocalWorkers
 from .single import make_reference
 from .zigzag import ZigZagSpec
 
@@ -118,6 +116,8 @@ def _run_sums(burn_in: int, num_samples: int, d: int, chains: int):
 
 class _FedPDMP(Algorithm):
     spec: Any = None
+    #: "ray": one Ray actor per worker, broadcast-and-gather per event (engines/broadcast.py)
+    engines = ("local", "ray")
     divergence_threshold = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
     #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)
@@ -214,7 +214,9 @@ class _FedPDMP(Algorithm):
             raise ValueError("bound='custom' needs FedZigZag and the model attribute zigzag_slope_bound")
         return mode, quadratic
 
-    def _reference(self, flat_model, padded, theta0, info):
+    def _reference(self, flat_model, newton, theta0, info):
+        """The Boomerang's Gaussian reference (None for Zig-Zag and BPS); ``newton(theta0)``
+        returns the posterior mode and Hessian there (federated Newton)."""
         return None
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
@@ -232,15 +234,75 @@ class _FedPDMP(Algorithm):
         ``on_chunk``, ``on_draws``) are accepted; ``on_draws`` receives the positions only,
         in the dtype of ``init`` (the draws of ``result.samples``).
         """
-        run_options = split_run_options(options, self.name)
+        if engine == "ray":
+            from ..engines.handoff import check_engine_options
+
+            engine_options = check_engine_options(options, self.name)
+        else:
+            run_options = split_run_options(options, self.name)
         if skeleton is True:
             skeleton = 10_000
         skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
         init_jitter = check_nonnegative_float(init_jitter, "init_jitter")
+        if engine == "ray":
+            from ..engines.ray_engine import RayTransport, ray_session
+
+            def make_transport(specs):
+                return RayTransport(specs, resources=engine_options.get("client_resources"),
+                                    num_cpus=engine_options.get("client_num_cpus", 0))
+
+            with ray_session(engine_options.get("ray_address"),
+                             engine_options.get("ray_init_options")):
+                with jax.enable_x64(True):
+                    return self._sample_distributed(
+                        model, federation, init, num_samples, burn_in, chains, seed, progress,
+                        skeleton_size, init_jitter, bool(rate_diagnostics), make_transport,
+                        "ray", engine_options)
         with jax.enable_x64(True):
             return self._sample(model, federation, init, num_samples, burn_in, chains, seed,
                                 progress, skeleton_size, init_jitter, bool(rate_diagnostics),
                                 run_options)
+
+    def _sample_distributed(self, model, federation, init, num_samples, burn_in, chains, seed,
+                            progress, skeleton_size, init_jitter, rate_diagnostics,
+                            make_transport, engine_label, engine_options):
+        """One endpoint per worker (``engines/broadcast.py``): the workers simulate their own
+        event times on their own data; the server gathers and applies the earliest."""
+        from ..engines.broadcast import sample_pdmp
+        from ..engines.comm import ClientFailureError
+
+        d = model.flatten(init).dim
+        accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
+        options = dict(engine_options)
+        on_draws = options.get("on_draws")
+        if on_draws is not None:
+            out_dtype = np.dtype(model.flatten(init).dtype)
+
+            def positions_only(draws, stats, first_index, _user=on_draws):
+                _user(np.asarray(draws[..., :d], dtype=out_dtype), stats, first_index)
+
+            options["on_draws"] = positions_only
+        run, failure, (cfg, out_model, info, on_violation, messages) = sample_pdmp(
+            self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
+            chains=chains, seed=seed, progress=progress, skeleton_size=skeleton_size,
+            init_jitter=init_jitter, rate_diagnostics=rate_diagnostics,
+            make_transport=make_transport, engine_label=engine_label, options=options,
+            accumulate=accumulate, initial_sums=sums)
+        if failure is None:
+            result = self._result(run, cfg, out_model, federation, info, num_samples, burn_in,
+                                  chains, on_violation, skeleton_size, b)
+            result.info.update(messages)
+            return result
+        try:
+            result = self._result(run, cfg, out_model, federation, info, num_samples, burn_in,
+                                  chains, on_violation, skeleton_size, b)
+        except (SamplingDivergedError, PDMPBoundError) as error:
+            result = error.result
+        result.info.update(messages)
+        raise ClientFailureError(
+            f"{self.name} (engine={engine_label!r}): worker {failure.client} failed "
+            f"({failure.reason}); the run stopped after {run.draws_done} draw(s), which are in "
+            "error.result", result, failure.client, failure.reason)
 
     def _sample(self, model, federation, init, num_samples, burn_in, chains, seed, progress,
                 skeleton_size, init_jitter, rate_diagnostics, run_options):
@@ -281,11 +343,17 @@ class _FedPDMP(Algorithm):
                             on_violation, skeleton_size, b)
 
     def build(self, model, federation, init, *, burn_in=0, chains=1, seed=0, skeleton_size=0,
-              init_jitter=0.0, rate_diagnostics=True):
+              init_jitter=0.0, rate_diagnostics=True, workers_access=None, with_protocol=False):
         """The federated kernel for this model and federation, without running it (call
         under ``jax.enable_x64(True)``). Returns ``(config, draw_step, initial_states, key,
         unflattening model, info, on_bound_violation)``; ``draw_step(key, state)`` advances
-        one chain by ``sample_interval`` (what :func:`run_chains` vmaps)."""
+        one chain by ``sample_interval`` (what :func:`run_chains` vmaps).
+
+        ``workers_access`` answers what the server asks of the workers (Newton terms, bounds
+        and the other per-worker summaries): :class:`~.setup.LocalWorkers` (default, all data
+        in this process) or the Ray engine's ``RemoteWorkers``. With ``with_protocol=True``
+        the config is followed by the :class:`~.federated.FedProtocol` pieces and the
+        ``PriorPart`` and ``Workers`` (the distributed engine composes them)."""
         spec = self.spec
         is_zigzag = spec is ZigZagSpec
         out_model = model.flatten(init)
@@ -293,9 +361,10 @@ class _FedPDMP(Algorithm):
         flat_model = model.flatten(init64)
         theta0 = flat_model.ravel(init64)
         d = flat_model.dim
-        padded = federation.padded()
-        M = federation.num_clients
-        sizes = np.asarray(federation.sizes, dtype=np.float64)
+        if workers_access is None:
+            workers_access = LocalWorkers(flat_model, federation.padded(), federation.sizes)
+        M = workers_access.num_workers
+        sizes = workers_access.sizes
         attrs = model.attributes
         info: dict = {"num_workers": M, "prior_placement": self.prior}
 
@@ -303,67 +372,79 @@ class _FedPDMP(Algorithm):
         info["bound"] = mode
         on_violation = self.on_bound_violation or ("error" if mode in ("hessian", "custom") else "enlarge")
         info["on_bound_violation"] = on_violation
-
-        # Per-worker Hessian bounds of the data potentials.
-        if mode == "hessian":
-            q, l = worker_hessian_bounds(flat_model, padded, attrs["hessian_bound"], d)
-        elif mode == "estimate":
-            q, l = auto_worker_bounds(flat_model, padded, theta0, 1.0 if quadratic else self.safety)
-        else:
-            q, l = np.zeros((M, d, d)), np.zeros(M)
         q0, l0 = prior_hessian_bounds(flat_model, model, theta0, self.safety,
                                       auto=(mode == "estimate"))
 
-        reference = self._reference(flat_model, padded, theta0, info)
+        reference = self._reference(flat_model, workers_access.newton, theta0, info)
+        # The Boomerang's rates use grad(U - U_ref), U_ref the reference potential; the
+        # correction -U_ref is held exactly once in total. prior="split": worker m holds
+        # alpha_m (U_0 - U_ref). Otherwise U_0's own proposer holds U_0 alone and data worker
+        # m holds -n_m/N U_ref (ref_share): held whole by the prior's proposer, -U_ref cancels
+        # the data workers' gradients in the sum but not in the positive parts of the rates,
+        # and far from mu_ref the extra reflections keep the Boomerang on its initial orbit
+        # for hundreds of time units (issue 3: trajectory sd ~3x too large).
+        ref_share = None
+        if reference is not None and self.prior != "split":
+            ref_share = sizes / sizes.sum()
         ref_precision = None
         if reference is not None:
-            lw = np.array([whitened_bound(q[m], l[m], reference.chol) for m in range(M)])
-            lw0 = whitened_bound(q0, l0, reference.chol) + 1.0  # + the reference term (whitened: I)
+            # + the reference term (whitened: I) where it is held with U_0
+            lw0 = whitened_bound(q0, l0, reference.chol) + (1.0 if ref_share is None else 0.0)
             ref_precision = reference.precision
         else:
-            lw, lw0 = np.zeros(M), 0.0
+            lw0 = 0.0
+
+        n_total = float(sizes.sum())
 
         def data_grad(x, data_m, mask_m):
-            return -jax.grad(lambda th: flat_model.log_likelihood_sum(th, data_m, mask_m))(x)
+            g = -jax.grad(lambda th: flat_model.log_likelihood_sum(th, data_m, mask_m))(x)
+            if ref_share is not None:  # n_m / N of -grad U_ref (n_m: the worker's rows)
+                g = g - (jnp.sum(mask_m) / n_total) * (ref_precision @ (x - reference.mean))
+            return g
 
         def prior_grad(x):
             g = -jax.grad(flat_model.log_prior)(x)
-            if ref_precision is not None:
+            if ref_precision is not None and ref_share is None:
                 g = g - ref_precision @ (x - reference.mean)
             return g
 
         # Control variates (Remark 4.3): shift worker m's gradient by
         # s_m = grad U_m(x*) - w_m grad U(x*); the shifts sum to zero.
         cv = self.control_variates
-        g_ref = np.zeros((M, d))
+        x_star = None
         g_ref0 = np.zeros(d)
         if cv is not False:
             if cv is True:
-                x_star, _, rounds = federated_newton(flat_model, padded, theta0)
+                x_star, _, rounds = workers_access.newton(theta0)
                 info["control_variate_rounds"] = rounds
             else:
                 x_star = jnp.asarray(cv, jnp.float64)
                 if x_star.shape != (d,):
                     raise ValueError(f"control_variates reference point must have shape ({d},)")
-            g_ref = np.asarray(worker_gradients(flat_model, padded, x_star))
             g_ref0 = np.asarray(prior_grad(x_star))
             info["control_variate_point"] = np.asarray(x_star).tolist()
+
+        # What each worker computes on its own data: Hessian bounds of its data potential
+        # (Appendix A), whitened for the Boomerang, its coordinates (Remark 3.1) and its
+        # gradient at the control-variate point.
+        q, l, lw, coords, g_ref = workers_access.summaries(
+            mode=mode, safety=1.0 if quadratic else self.safety, theta0=theta0,
+            hessian_bound=attrs.get("hessian_bound"),
+            chol=None if reference is None else reference.chol, x_star=x_star,
+            coordinates_fn=attrs.get("worker_coordinates"))
+        if ref_share is not None and cv is not False:  # the workers' potentials hold -n_m/N U_ref
+            g_ref = g_ref - np.outer(ref_share, np.asarray(ref_precision @ (x_star - reference.mean)))
         prior_part = federated.PriorPart(
             q=jnp.asarray(q0), l=jnp.asarray(l0), lw=jnp.asarray(lw0), g_ref=jnp.asarray(g_ref0),
             g_total_ref=jnp.asarray(g_ref.sum(axis=0) + g_ref0))
-
-        # Remark 3.1: the coordinates each worker holds.
-        coords = np.ones((M, d))
-        if attrs.get("worker_coordinates") is not None:
-            fn = attrs["worker_coordinates"]
-            per_row = jax.vmap(jax.vmap(fn))(padded.data)
-            coords = np.asarray(jnp.max(per_row * padded.mask[..., None], axis=1) > 0, np.float64)
         info["coordinates_per_worker"] = coords.sum(axis=1).astype(int).tolist()
 
+        # Distributed workers keep their data and bounds (q is None on the server).
         workers = federated.Workers(
-            data=padded.data, mask=jnp.asarray(padded.mask, jnp.float64), coords=jnp.asarray(coords),
-            q=jnp.asarray(q), l=jnp.asarray(l), lw=jnp.asarray(lw),
-            rho=jnp.full((M,), self.rho, jnp.float64),
+            data=workers_access.data,
+            mask=None if workers_access.mask is None else jnp.asarray(workers_access.mask, jnp.float64),
+            coords=jnp.asarray(coords), q=None if q is None else jnp.asarray(q),
+            l=jnp.asarray(l), lw=jnp.asarray(lw if ref_share is None else lw + ref_share), rho=jnp.full((M,), self.rho, jnp.float64),
             cv_weight=jnp.asarray(sizes / sizes.sum()), g_ref=jnp.asarray(g_ref))
 
         custom_slope, horizon = None, float("inf")
@@ -384,7 +465,8 @@ class _FedPDMP(Algorithm):
             max_iterations_per_draw=self.max_events_per_draw, skeleton_size=skeleton_size,
             sample_interval=self.sample_interval, burn_in=burn_in,
             rate_diagnostics=rate_diagnostics, has_excess=self.rho > 0)
-        init_fn, _, draw_step = federated.build(cfg, workers, prior_part)
+        init_fn, _, draw_step, protocol = federated.build(cfg, workers, prior_part,
+                                                          with_protocol=True)
 
         key = jax.random.key(seed)
         k_init, k_jit, k_run = jax.random.split(key, 3)
@@ -392,6 +474,9 @@ class _FedPDMP(Algorithm):
         if init_jitter > 0:
             starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
         states = jax.vmap(init_fn)(jax.random.split(k_init, chains), starts)
+        if with_protocol:
+            return (cfg, draw_step, states, k_run, out_model, info, on_violation, protocol,
+                    prior_part, workers)
         return cfg, draw_step, states, k_run, out_model, info, on_violation
 
     # ----------------------------------------------------------------- output
@@ -566,10 +651,10 @@ class FedBoomerang(_FedPDMP):
     ``reference="laplace"`` (default) uses the mode and inverse Hessian of the
     posterior, found by federated Newton (each round: every worker sends its
     gradient and Hessian); or pass ``reference=(mean, cov)``. The reference
-    potential is subtracted where the prior lives (server, extra worker or split).
+    potential is subtracted exactly once: with ``prior="split"`` (the default here) worker m
+    holds n_m/N of U_0 - U_ref; with ``prior="server"`` or ``"worker"`` the prior's proposer
+    holds U_0 and every data worker n_m/N of -U_ref (see ``build``).
     Bounds: Hessian bounds whitened by the reference (see ``boomerang.py``).
-    Only ``prior="split"`` (the default here) is available: see the known issue in
-    ``__init__``.
     """
 
     name = "FedBoomerang"
@@ -584,20 +669,13 @@ class FedBoomerang(_FedPDMP):
         elif not (isinstance(reference, (tuple, list)) and len(reference) == 2):
             raise ValueError("reference must be 'laplace' or a pair (mean, cov)")
         self.reference = reference
-        if self.prior != "split":
-            # Known issue: with the prior (minus the reference potential) simulated by its own
-            # proposer the Boomerang's trajectory averages are biased on non-Gaussian posteriors
-            # (not yet understood); splitting U_0 - U_ref across the workers is verified.
-            raise ValueError(
-                f"prior={self.prior!r} is not available for FedBoomerang yet: use prior='split' "
-                "(the prior and the reference potential are shared by the workers, n_m/N each)")
         if self.bound == "custom":
             raise ValueError("bound='custom' is a Zig-Zag bound; FedBoomerang uses Hessian bounds")
 
-    def _reference(self, flat_model, padded, theta0, info):
+    def _reference(self, flat_model, newton, theta0, info):
         d = flat_model.dim
         if isinstance(self.reference, str):
-            mode, hess, rounds = federated_newton(flat_model, padded, theta0)
+            mode, hess, rounds = newton(theta0)
             info["laplace_rounds"] = rounds
             cov = np.linalg.inv(0.5 * (hess + hess.T))
             if not np.all(np.linalg.eigvalsh(cov) > 0):

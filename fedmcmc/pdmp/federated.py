@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from .events import affine_first_time
 
-__all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "build"]
+__all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "build"]
 
 PyTree = Any
 EXCESS = 1
@@ -82,6 +82,24 @@ class FedConfig:
     burn_in: int = 0
     rate_diagnostics: bool = True
     has_excess: bool = False  # some worker has rho > 0 (static: skips the clock otherwise)
+
+
+class FedProtocol(NamedTuple):
+    """The pieces of :func:`build` that a distributed engine composes: ``propose`` runs on
+    a worker (its own data), everything else on the server. ``event_step`` and
+    ``draw_step`` of :func:`build` are exactly ``draw_begin``, a loop of
+    ``event_keys``/``event_cap``/``propose`` (every worker)/``apply_proposals`` while
+    ``t < t_next``, and ``draw_end``."""
+
+    propose: Callable
+    worker_gradient: Callable
+    event_keys: Callable
+    event_cap: Callable
+    apply_proposals: Callable
+    draw_begin: Callable
+    draw_end: Callable
+    prior_gradient_row: Callable
+    rates_from_gradients: Callable
 
 
 class FedState(NamedTuple):
@@ -215,11 +233,14 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
     return tau, kind, chan, gev, sc, it, rej, viol, ~done
 
 
-def build(cfg: FedConfig, workers: Workers, prior: PriorPart):
+def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: bool = False):
     """Kernels of the federated sampler: ``init(key, x0) -> FedState``,
     ``event_step(key, state, t_stop, counting) -> state`` (one server iteration of
     Algorithm 2/4) and ``draw_step(key, state) -> (state, draw, stats)`` (advance to
-    the next sample time; the engine's per-chain step)."""
+    the next sample time; the engine's per-chain step). With ``with_protocol=True`` a fourth
+    item: the :class:`FedProtocol` pieces a distributed engine composes (``workers.data``
+    and ``workers.mask`` are then read only by ``propose``, which takes one worker's slice).
+    """
     spec, ref, d, M = cfg.spec, cfg.reference, cfg.dim, cfg.num_workers
     P = M + (1 if cfg.prior_worker else 0)
     all_coords = workers.coords
@@ -277,26 +298,48 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart):
             sk_n=jnp.int32(0),
         )
 
+    def propose(key_m, x, v, cap, worker_m: Workers, alpha_m, scale_m):
+        """Step 1 of Algorithm 2 for ONE data worker (client side): its first event time
+        before ``cap`` from its own potential and data (``worker_m``: its slice of
+        :class:`Workers`, data included). Returns the proposal tuple
+        ``(tau, kind, channel, g_event, scale, proposals, rejections, violations, overflow)``."""
+        grad_fn = lambda y: data_worker_grad(y, worker_m.data, worker_m.mask, worker_m.g_ref,  # noqa: E731
+                                             worker_m.cv_weight, alpha_m)
+        slope_fn = None
+        if cfg.custom_slope is not None:
+            slope_fn = lambda y, u: cfg.custom_slope(y, u, cfg.horizon, worker_m.data, worker_m.mask)  # noqa: E731
+        return _worker_first_event(
+            cfg, key_m, x, v, cap, grad_fn, worker_m.q + alpha_m * prior.q,
+            worker_m.l + alpha_m * prior.l, worker_m.lw + alpha_m * prior.lw, worker_m.coords,
+            worker_m.rho, scale_m, slope_fn)
+
+    def event_keys(key):
+        """The keys of one event iteration: ``(worker keys (M,), server key)``; worker m's
+        proposal uses ``worker_keys[m]`` on every engine (identical random streams)."""
+        kw = jax.random.split(key, 7)[0]
+        return jax.random.split(kw, M), key
+
+    def event_cap(st: FedState, t_stop):
+        """The server's earliest own clock (refreshment, redistribution, next sample time),
+        relative to ``st.t``: a worker's proposal later than this cannot win."""
+        cap_abs = jnp.minimum(jnp.minimum(st.next_refresh, st.next_redist), t_stop)
+        return cap_abs - st.t
+
     def event_step(key, st: FedState, t_stop, counting) -> FedState:
-        kw, kp, kj, kr, kr2, ka, ka2 = jax.random.split(key, 7)
+        worker_keys, _ = event_keys(key)
+        cap = event_cap(st, t_stop)
+        res = jax.vmap(propose, in_axes=(0, None, None, None, 0, 0, 0))(
+            worker_keys, st.x, st.v, cap, workers, st.alpha, st.scale[:M])
+        return apply_proposals(key, st, res, t_stop, counting)
+
+    def apply_proposals(key, st: FedState, res, t_stop, counting) -> FedState:
+        """Step 2 of Algorithm 2 (server side): add the prior's own proposal (if it has its
+        own channels), take the earliest of all proposals and the server's clocks, and move
+        the state (Algorithm 4's redistribution and the refreshment included)."""
+        _, kp, kj, kr, kr2, ka, ka2 = jax.random.split(key, 7)
         cap_abs = jnp.minimum(jnp.minimum(st.next_refresh, st.next_redist), t_stop)
         cap = cap_abs - st.t
         x, v = st.x, st.v
-
-        def one_data_worker(k, data_m, mask_m, coords_m, q_m, l_m, lw_m, rho_m, g_ref_m, w_m,
-                            alpha_m, scale_m):
-            grad_fn = lambda y: data_worker_grad(y, data_m, mask_m, g_ref_m, w_m, alpha_m)  # noqa: E731
-            slope_fn = None
-            if cfg.custom_slope is not None:
-                slope_fn = lambda y, u: cfg.custom_slope(y, u, cfg.horizon, data_m, mask_m)  # noqa: E731
-            return _worker_first_event(
-                cfg, k, x, v, cap, grad_fn, q_m + alpha_m * prior.q, l_m + alpha_m * prior.l,
-                lw_m + alpha_m * prior.lw, coords_m, rho_m, scale_m, slope_fn)
-
-        res = jax.vmap(one_data_worker)(
-            jax.random.split(kw, M), workers.data, workers.mask, workers.coords, workers.q,
-            workers.l, workers.lw, workers.rho, workers.g_ref, workers.cv_weight, st.alpha,
-            st.scale[:M])
         if cfg.prior_worker:
             pres = _worker_first_event(
                 cfg, kp, x, v, cap, prior_worker_grad, prior.q, prior.l, prior.lw,
@@ -356,9 +399,9 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart):
             sk_t=sk_t, sk_x=sk_x, sk_v=sk_v, sk_n=sk_n,
         )
 
-    def rates(x, v, alpha):
-        """Instantaneous federated, plain (no control variates) and canonical rates."""
-        g = all_grads(x, alpha)
+    def rates_from_gradients(x, v, g, alpha):
+        """Instantaneous federated, plain (no control variates) and canonical rates, from
+        the proposers' gradients ``g`` (P, d) at ``x``."""
         shift = plain_shift(alpha)
         per = jax.vmap(lambda gm, cm: jnp.sum(spec.rate(x, v, gm, cm, ref)))
         fed = jnp.sum(per(g, all_coords))
@@ -366,12 +409,41 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart):
         canonical = jnp.sum(spec.rate(x, v, jnp.sum(g, axis=0), jnp.ones((d,)), ref))
         return fed, plain, canonical
 
-    def draw_step(key, st: FedState):
-        delta = cfg.sample_interval
-        t_next = (st.n_draws + 1).astype(jnp.float64) * delta
+    def prior_gradient_row(x):
+        """The prior proposer's gradient as a (0 or 1, d) block to append to the workers'."""
+        if cfg.prior_worker:
+            return prior_worker_grad(x)[None]
+        return jnp.zeros((0, d))
+
+    def rates(x, v, alpha):
+        return rates_from_gradients(x, v, all_grads(x, alpha), alpha)
+
+    def draw_begin(st: FedState):
+        """Start of a draw: the target time of the next draw, whether it is kept (past
+        burn-in), the velocity changes so far, and the interval integral reset."""
+        t_next = (st.n_draws + 1).astype(jnp.float64) * cfg.sample_interval
         counting = st.n_draws >= cfg.burn_in
         events_before = jnp.sum(st.events) + jnp.sum(st.excess_events) + st.refreshes
-        st = st._replace(interval_x=jnp.zeros((d,)))
+        return st._replace(interval_x=jnp.zeros((d,))), t_next, counting, events_before
+
+    def draw_end(st: FedState, t_next, counting, events_before, rate_values=None):
+        """End of a draw: the draw vector (position, interval mean) and its stats."""
+        delta = cfg.sample_interval
+        st = st._replace(
+            n_draws=st.n_draws + 1,
+            overflow=st.overflow | (st.t < t_next),
+            kept_time=st.kept_time + jnp.where(counting, delta, 0.0),
+        )
+        events_after = jnp.sum(st.events) + jnp.sum(st.excess_events) + st.refreshes
+        stats = {"events": (events_after - events_before).astype(jnp.int32)}
+        if rate_values is not None:
+            fed, plain, canonical = rate_values
+            stats.update(rate_federated=fed, rate_plain=plain, rate_canonical=canonical)
+        draw = jnp.concatenate([st.x, st.interval_x / delta])
+        return st, draw, stats
+
+    def draw_step(key, st: FedState):
+        st, t_next, counting, events_before = draw_begin(st)
 
         def cond(carry):
             s, i = carry
@@ -382,17 +454,15 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart):
             return event_step(jax.random.fold_in(key, i), s, t_next, counting), i + 1
 
         st, _ = jax.lax.while_loop(cond, body, (st, jnp.int32(0)))
-        st = st._replace(
-            n_draws=st.n_draws + 1,
-            overflow=st.overflow | (st.t < t_next),
-            kept_time=st.kept_time + jnp.where(counting, delta, 0.0),
-        )
-        events_after = jnp.sum(st.events) + jnp.sum(st.excess_events) + st.refreshes
-        stats = {"events": (events_after - events_before).astype(jnp.int32)}
-        if cfg.rate_diagnostics:
-            fed, plain, canonical = rates(st.x, st.v, st.alpha)
-            stats.update(rate_federated=fed, rate_plain=plain, rate_canonical=canonical)
-        draw = jnp.concatenate([st.x, st.interval_x / delta])
-        return st, draw, stats
+        rate_values = rates(st.x, st.v, st.alpha) if cfg.rate_diagnostics else None
+        return draw_end(st, t_next, counting, events_before, rate_values)
 
+    # The pieces the distributed engine (engines/broadcast.py) composes in the same order.
+    protocol = FedProtocol(
+        propose=propose, worker_gradient=data_worker_grad, event_keys=event_keys,
+        event_cap=event_cap, apply_proposals=apply_proposals, draw_begin=draw_begin,
+        draw_end=draw_end, prior_gradient_row=prior_gradient_row,
+        rates_from_gradients=rates_from_gradients)
+    if with_protocol:
+        return init, event_step, draw_step, protocol
     return init, event_step, draw_step

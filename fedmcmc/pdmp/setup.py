@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["federated_newton", "worker_gradients"]
+__all__ = ["federated_newton", "newton", "worker_gradients", "worker_summaries", "LocalWorkers"]
 
 
 def worker_gradients(flat_model, padded, theta):
@@ -23,20 +23,68 @@ def worker_gradients(flat_model, padded, theta):
     return jax.vmap(one)(padded.data, padded.mask)
 
 
-def federated_newton(flat_model, padded, theta0, max_rounds=200, tol=1e-12):
-    """Mode of the posterior and the Hessian of ``U = -log posterior`` there.
+def worker_summaries(flat_model, padded, *, mode, safety, theta0, hessian_bound=None,
+                     chol=None, x_star=None, coordinates_fn=None):
+    """What each worker computes from its own data before sampling (stacked over the
+    workers of ``padded``; a distributed worker calls it on its own data alone):
 
-    Returns ``(mode, hessian, rounds)``.
+    * ``q (M, d, d)``, ``l (M,)``: bounds on the Hessian of its potential (Appendix A) --
+      from the model's per-example ``hessian_bound`` (``mode="hessian"``), estimated at
+      ``theta0`` times ``safety`` (``"estimate"``), or zero (``"exact"``, ``"custom"``);
+    * ``lw (M,)``: the bound whitened by the Boomerang reference (``chol``: its Cholesky factor);
+    * ``coords (M, d)``: the coordinates its potential depends on (Remark 3.1);
+    * ``g_ref (M, d)``: its gradient at the control-variate point ``x_star`` (Remark 4.3).
     """
+    from .bounds import auto_worker_bounds, whitened_bound, worker_hessian_bounds
 
-    def potential(th):
-        def one(data_m, mask_m):
-            return -flat_model.log_likelihood_sum(th, data_m, mask_m)
+    d = flat_model.dim
+    M = padded.mask.shape[0]
+    if mode == "hessian":
+        q, l = worker_hessian_bounds(flat_model, padded, hessian_bound, d)
+    elif mode == "estimate":
+        q, l = auto_worker_bounds(flat_model, padded, theta0, safety)
+    else:
+        q, l = np.zeros((M, d, d)), np.zeros(M)
+    if chol is not None:
+        lw = np.array([whitened_bound(q[m], l[m], chol) for m in range(M)])
+    else:
+        lw = np.zeros(M)
+    g_ref = np.zeros((M, d))
+    if x_star is not None:
+        g_ref = np.asarray(worker_gradients(flat_model, padded, x_star), np.float64)
+    coords = np.ones((M, d))
+    if coordinates_fn is not None:
+        per_row = jax.vmap(jax.vmap(coordinates_fn))(padded.data)
+        coords = np.asarray(jnp.max(per_row * padded.mask[..., None], axis=1) > 0, np.float64)
+    return np.asarray(q, np.float64), np.asarray(l, np.float64), lw, coords, g_ref
 
-        return jnp.sum(jax.vmap(one)(padded.data, padded.mask)) - flat_model.log_prior(th)
 
-    value_grad_hess = jax.jit(lambda th: (potential(th), jax.grad(potential)(th), jax.hessian(potential)(th)))
-    value = jax.jit(potential)
+class LocalWorkers:
+    """In-process access to the workers (all their data in this process): what
+    ``_FedPDMP.build`` asks of them. The Ray engine's ``RemoteWorkers``
+    (``engines/broadcast.py``) answers the same questions by messages."""
+
+    def __init__(self, flat_model, padded, sizes):
+        self.flat_model = flat_model
+        self.padded = padded
+        self.sizes = np.asarray(sizes, np.float64)
+        self.num_workers = len(self.sizes)
+        self.data = padded.data
+        self.mask = padded.mask
+
+    def newton(self, theta0):
+        return federated_newton(self.flat_model, self.padded, theta0)
+
+    def summaries(self, **kwargs):
+        return worker_summaries(self.flat_model, self.padded, **kwargs)
+
+
+def newton(value_grad_hess, value, theta0, max_rounds=200, tol=1e-12):
+    """Damped Newton on a potential given by oracles ``value_grad_hess(x) -> (U, grad, Hess)``
+    and ``value(x) -> U`` (each a sum over the workers plus the prior).
+
+    Returns ``(mode, hessian at the mode, rounds)``.
+    """
     x = jnp.asarray(theta0, jnp.float64)
     damping = 1e-3
     rounds = 0
@@ -70,3 +118,19 @@ def federated_newton(flat_model, padded, theta0, max_rounds=200, tol=1e-12):
         if 0 <= decrement < tol:
             break
     return x, np.asarray(h, dtype=np.float64), rounds
+
+
+def federated_newton(flat_model, padded, theta0, max_rounds=200, tol=1e-12):
+    """Mode of the posterior and the Hessian of ``U = -log posterior`` there (in process).
+
+    Returns ``(mode, hessian, rounds)``.
+    """
+
+    def potential(th):
+        def one(data_m, mask_m):
+            return -flat_model.log_likelihood_sum(th, data_m, mask_m)
+
+        return jnp.sum(jax.vmap(one)(padded.data, padded.mask)) - flat_model.log_prior(th)
+
+    value_grad_hess = jax.jit(lambda th: (potential(th), jax.grad(potential)(th), jax.hessian(potential)(th)))
+    return newton(value_grad_hess, jax.jit(potential), theta0, max_rounds, tol)
