@@ -5,7 +5,9 @@ by agent, neighbours summed in Python).
 Logistic regression, d = 20 parameters, ``--rows`` examples per agent, ring graph,
 full-batch local gradients; n = 10, 100, 1000 agents. Both sides run the same
 iteration (equations (3) and (7)-(8)); the ratios are measured in the same run, each
-side's time the best of several repeats (robust to other load on the machine).
+side's time the best of several repeats (robust to other load on the machine), the
+two sides' repeats interleaved so that a burst of load hits both. fedmcmc is timed
+after compilation, over many iterations of one compiled scan, until block_until_ready.
 
     python benchmarks/bench_decentralised.py            # n = 10, 100, 1000
     python benchmarks/bench_decentralised.py --quick    # n = 10, 100, fewer repeats
@@ -14,6 +16,7 @@ side's time the best of several repeats (robust to other load on the machine).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
@@ -74,7 +77,7 @@ class NumpyAgents:
         for i in range(n):
             consensus = sum(w[i] - w[j] for j in self.neighbours[i])
             direction = self.d[i] if self.tracking else self.gradient(i, w[i])
-            noise = self.rng.standard_normal(DIM).astype(np.float32)
+            noise = self.rng.standard_normal(DIM, dtype=np.float32)
             new_w.append(w[i] - BETA * consensus - ALPHA * n * direction + scale * noise)
         if self.tracking:
             new_g = [self.gradient(i, new_w[i]) for i in range(n)]
@@ -86,24 +89,26 @@ class NumpyAgents:
         self.w = new_w
 
 
-def time_numpy(clients, graph, tracking, seconds, repeats):
-    """Best of ``repeats`` bursts of about ``seconds / repeats`` each (the machine may be
-    shared: the minimum is the least disturbed measurement, as for the JAX side)."""
+def numpy_burst(clients, graph, tracking, seconds):
+    """``burst() -> seconds per iteration`` over about ``seconds`` of NumPy iterations."""
     agents = NumpyAgents(clients, graph, tracking)
     started = time.perf_counter()
     agents.step()
-    per_burst = max(1, int(seconds / repeats / max(time.perf_counter() - started, 1e-6)))
-    best = np.inf
-    for _ in range(repeats):
+    per_burst = max(1, int(seconds / max(time.perf_counter() - started, 1e-6)))
+
+    def burst():
         started = time.perf_counter()
         for _ in range(per_burst):
             agents.step()
-        best = min(best, (time.perf_counter() - started) / per_burst)
-    return best
+        return (time.perf_counter() - started) / per_burst
+
+    return burst
 
 
 # ----------------------------------------------------------------- fedmcmc
-def time_jax(model, fed, topo, tracking, iterations, repeats):
+def jax_burst(model, fed, topo, tracking, iterations):
+    """``burst() -> seconds per iteration`` of one compiled scan of ``iterations`` steps
+    (compiled and run once before)."""
     init = jnp.zeros(DIM)
     flat = model.flatten(init)
     local = kernels.local_gradient_fn(flat, fed.padded(), None)
@@ -119,15 +124,15 @@ def time_jax(model, fed, topo, tracking, iterations, repeats):
     def run(state, key):
         return jax.lax.scan(lambda s, k: (step(k, s), None), state, jax.random.split(key, iterations))[0]
 
-    state = run(state, jax.random.key(1))
-    jax.block_until_ready(state)
-    best = np.inf
-    for r in range(repeats):
+    box = {"state": jax.block_until_ready(run(state, jax.random.key(1))), "repeat": 0}
+
+    def burst():
+        box["repeat"] += 1
         started = time.perf_counter()
-        state = run(state, jax.random.key(2 + r))
-        jax.block_until_ready(state)
-        best = min(best, time.perf_counter() - started)
-    return best / iterations
+        box["state"] = jax.block_until_ready(run(box["state"], jax.random.key(1 + box["repeat"])))
+        return (time.perf_counter() - started) / iterations
+
+    return burst
 
 
 def main():
@@ -141,7 +146,8 @@ def main():
     repeats = 3 if args.quick else 5
 
     print(f"logistic regression, d = {DIM}, {args.rows} rows per agent, ring, full-batch gradients")
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; times per iteration (all agents)")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; times per iteration (all agents); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     header = (f"{'algorithm':<8} {'n':>5} {'numpy loop':>12} {'fedmcmc':>10} {'ratio':>7} "
               f"{'fedmcmc/agent-step':>19} {'numpy/agent-step':>17}")
     print(header)
@@ -151,11 +157,16 @@ def main():
             model, fed, clients = make_problem(n, args.rows)
             topo = graphs.topology("ring", n)
             iterations = max(200, 200_000 // n)
-            t_jax = time_jax(model, fed, topo, tracking, iterations, repeats)
-            t_np = time_numpy(clients, topo.graph, tracking, numpy_seconds, repeats)
+            jax_step = jax_burst(model, fed, topo, tracking, iterations)
+            numpy_step = numpy_burst(clients, topo.graph, tracking, numpy_seconds / repeats)
+            t_jax = t_np = np.inf
+            for _ in range(repeats):  # interleaved: a burst of load hits both sides
+                t_jax = min(t_jax, jax_step())
+                t_np = min(t_np, numpy_step())
             print(f"{name:<8} {n:>5} {t_np * 1e3:>10.3f}ms {t_jax * 1e3:>8.3f}ms {t_np / t_jax:>6.0f}x "
                   f"{t_jax / n * 1e6:>16.2f}us {t_np / n * 1e6:>15.1f}us", flush=True)
 
 
 if __name__ == "__main__":
     main()
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")

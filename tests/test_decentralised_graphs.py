@@ -96,6 +96,16 @@ def test_mixers_apply_w_equal_i_minus_beta_l(name, n):
         np.testing.assert_allclose(mixed, expected, rtol=1e-5, atol=1e-5)
         # mixing preserves the network average (1^T L = 0)
         np.testing.assert_allclose(mixed.mean(axis=0), x.mean(axis=0), atol=1e-5)
+    # the edge list is a neighbour table (padded at weight 0) unless the degrees are very
+    # uneven (star: segment_sum); erdos_renyi pads rows of lower degree
+    table = topo.neighbour_table()
+    assert (table is None) == (name == "star")
+    if table is not None:
+        index, weight = table
+        assert weight.sum() == topo.senders.shape[0]
+        adjacency = np.zeros((n, n))
+        np.add.at(adjacency, (np.repeat(np.arange(n), index.shape[1]), index.ravel()), weight.ravel())
+        np.testing.assert_array_equal(adjacency, np.diag(np.diag(topo.laplacian)) - topo.laplacian)
 
 
 def test_condition_1_warns_with_the_bound():

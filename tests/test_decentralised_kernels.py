@@ -88,6 +88,92 @@ def test_deterministic_steps_follow_equations_3_7_8():
     np.testing.assert_allclose(state.tracker, d, rtol=1e-4, atol=1e-4)
 
 
+def test_random_numbers_are_jax_randoms_bit_for_bit():
+    """The kernels' unrolled threefry gives exactly jax.random's split / uniform / normal
+    (the Ray engine's AgentClient draws with jax.random and must get the same numbers),
+    under jit and under vmap over chains; a hash with one rotation changed is rejected
+    by the same comparison. Other key implementations go through jax.random."""
+    def same(a, b):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+
+    keys = jax.random.split(jax.random.key(2**31 - 1), 3)  # several keys: vmap over them
+
+    def ours(k):
+        agent_keys = kernels.split_key(k, 6)
+        return (jax.random.key_data(kernels.split_key(k, 3)),
+                kernels.normal(kernels.split_key(k)[1], (10, 20), jnp.float32),
+                kernels.normal(k, (3, 5, 7), jnp.float32),
+                jax.random.key_data(agent_keys),
+                kernels.uniform(agent_keys, (5,)))
+
+    def theirs(k):
+        agent_keys = jax.random.split(k, 6)
+        return (jax.random.key_data(jax.random.split(k, 3)),
+                jax.random.normal(jax.random.split(k)[1], (10, 20)),
+                jax.random.normal(k, (3, 5, 7)),
+                jax.random.key_data(agent_keys),
+                jax.vmap(lambda a: jax.random.uniform(a, (5,)))(agent_keys))
+
+    expected = jax.jit(jax.vmap(theirs))(keys)
+    for got in (jax.jit(jax.vmap(ours))(keys), jax.jit(ours)(keys[0])):
+        for a, b in zip(got, expected):
+            assert same(a, b[0] if a.ndim < b.ndim else b)
+    rbg = jax.random.key(1, impl="rbg")
+    assert same(jax.jit(lambda k: kernels.normal(k, (4, 2), jnp.float32))(rbg),
+                jax.jit(lambda k: jax.random.normal(k, (4, 2)))(rbg))
+
+    rotations = kernels._ROTATIONS
+    try:
+        kernels._ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 25))
+        broken = jax.jit(lambda k: kernels.normal(k, (10, 20), jnp.float32))(keys[0])
+    finally:
+        kernels._ROTATIONS = rotations
+    assert not same(broken, jax.jit(lambda k: jax.random.normal(k, (10, 20)))(keys[0]))
+
+
+def test_kernel_steps_draw_with_jax_random():
+    """One DULA and one minibatch GT-DULA step equal the same equations written with
+    jax.random.split / uniform / normal (the streams the Ray engine reproduces)."""
+    model, fed, init, flat, padded, topo, local = setup_kernel(5)
+    n, alpha, beta, gamma, m = fed.num_clients, 1e-3, 0.2, 0.15, 5
+    mix = topo.mixer()
+    w0 = jnp.asarray(np.random.default_rng(1).normal(size=(n, flat.dim)), jnp.float32)
+
+    def reference_gradient(key, w):
+        def one(k, theta, data, size):
+            u = jax.random.uniform(k, (m,))
+            rows = jnp.minimum((u * size).astype(jnp.int32), size - 1)
+            batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], data)
+            return -(size.astype(theta.dtype) / m) * flat.grad_log_likelihood_sum(theta, batch) - (
+                flat.grad_log_prior(theta) / n)
+        return jax.vmap(one)(jax.random.split(key, n), w, padded.data, padded.sizes)
+
+    def reference_gtdula(key, w, d, g):
+        key_grad, key_noise = jax.random.split(key)
+        new_w = mix(w, beta) - alpha * n * d + jnp.sqrt(2.0 * alpha * n) * jax.random.normal(
+            key_noise, w.shape, w.dtype)
+        new_g = reference_gradient(key_grad, new_w)
+        return new_w, mix(d, gamma) + new_g - g
+
+    key = jax.random.key(11)
+    state = jax.jit(lambda k: kernels.gtdula_init(k, w0, local))(key)
+    np.testing.assert_array_equal(state.gradient, jax.jit(reference_gradient)(key, w0))
+    step = kernels.gtdula_kernel(local, mix, beta, gamma, constant(alpha), n)
+    new = jax.jit(step)(jax.random.key(12), state)
+    w_ref, d_ref = jax.jit(reference_gtdula)(jax.random.key(12), state.position, state.tracker,
+                                             state.gradient)
+    np.testing.assert_allclose(new.position, w_ref, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(new.tracker, d_ref, rtol=1e-6, atol=1e-6)
+
+    full = kernels.local_gradient_fn(flat, padded, None)
+    dula = jax.jit(kernels.dula_kernel(full, mix, beta, constant(alpha), n))
+    key_noise = jax.random.split(jax.random.key(13))[1]
+    expected = mix(w0, beta) - alpha * n * full(None, w0) + jnp.sqrt(2.0 * alpha * n) * (
+        jax.random.normal(key_noise, w0.shape))
+    np.testing.assert_allclose(dula(jax.random.key(13), kernels.dula_init(w0)).position, expected,
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_noise_has_variance_2_alpha_n():
     """With zero gradients and no mixing effect on the average, w_bar moves by N(0, 2 alpha I)
     and each agent by N(0, 2 alpha n I) (equation (3))."""

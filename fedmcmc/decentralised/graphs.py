@@ -11,9 +11,11 @@ A graph is named (``"ring"``, ``"path"``, ``"star"``, ``"complete"``,
 ``n`` agents, or given as any connected ``networkx`` graph with ``n`` nodes;
 agent ``i`` is then the ``i``-th node of ``list(graph.nodes)``.
 
-Agents' states are mixed with an edge list (gather + ``segment_sum``) so one
-mixing step costs O(|E| d), not O(n^2 d); small or dense graphs use the
-dense matrix, which is faster there.
+Agents' states are mixed with an edge list so one mixing step costs O(|E| d),
+not O(n^2 d): when the degrees are nearly uniform (ring, torus, exponential,
+grid, ...) as a table of neighbour indices (one row gather per neighbour slot,
+fused with the rest of the update), otherwise with gather + ``segment_sum``;
+dense graphs use the dense matrix, which is faster there.
 """
 
 from __future__ import annotations
@@ -213,8 +215,24 @@ class Topology:
         return mixing_matrix(self.laplacian, beta)
 
     def use_dense(self) -> bool:
-        """Dense mixing (one (n, n) matmul) for small or dense graphs; edge lists otherwise."""
-        return self.n <= 32 or self.senders.shape[0] >= self.n * self.n // 4
+        """Dense mixing (one (n, n) matmul) for dense graphs; edge lists otherwise."""
+        return self.senders.shape[0] >= self.n * self.n // 4
+
+    def neighbour_table(self) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """``(index (n, k), weight (n, k))``: agent i's neighbours in row i (k = largest
+        degree), padded with i itself at weight 0; ``None`` when padding would more than
+        double the edge list (very uneven degrees: the star)."""
+        n, k = self.n, int(self.degrees.max()) if self.n else 0
+        if k == 0 or n * k > 2 * self.senders.shape[0]:
+            return None
+        index = np.tile(np.arange(n, dtype=np.int32)[:, None], (1, k))
+        weight = np.zeros((n, k), np.float32)
+        slot = np.zeros(n, np.int64)
+        for sender, receiver in zip(self.senders, self.receivers):  # sorted by receiver
+            index[receiver, slot[receiver]] = sender
+            weight[receiver, slot[receiver]] = 1.0
+            slot[receiver] += 1
+        return index, weight
 
     def mixer(self, dense: Optional[bool] = None):
         """``(x, coefficient) -> x - coefficient * (L x)`` for ``x`` of shape (n, d): W x."""
@@ -224,6 +242,23 @@ class Topology:
 
             def mix(x, coefficient):
                 return x - coefficient * (lap @ x)
+
+            return mix
+        table = self.neighbour_table()
+        if table is not None:
+            index, weight = table
+            padded = not bool(weight.all())
+            columns = [jnp.asarray(index[:, j]) for j in range(index.shape[1])]
+            weights = [jnp.asarray(weight[:, j:j + 1]) for j in range(index.shape[1])]
+            degrees = jnp.asarray(self.degrees[:, None], dtype=jnp.float32)
+
+            def mix(x, coefficient):
+                # sum_j x[neighbour_j(i)]: k row gathers that fuse with the update
+                neighbour_sum = None
+                for column, w in zip(columns, weights):
+                    term = x[column] * w if padded else x[column]
+                    neighbour_sum = term if neighbour_sum is None else neighbour_sum + term
+                return x - coefficient * (degrees * x - neighbour_sum)
 
             return mix
         senders = jnp.asarray(self.senders, dtype=jnp.int32)
