@@ -310,7 +310,10 @@ def fit_sgld(
         precision = _project_psd(jnp.linalg.inv(covariance) - prior_curvature)
         return precision, precision @ mean
 
-    keys = jax.random.split(key, num_clients)
+    # ``key``: one key, split over the clients (client s gets split(key, S)[s]), or already one
+    # key per client (shape (S,): a distributed client passes its own, so that it fits the
+    # very surrogate the in-process engine fits for it)
+    keys = key if jnp.shape(key) == (num_clients,) else jax.random.split(key, num_clients)
     precision, shift = jax.jit(jax.vmap(one_client))(keys, modes, padded.data, padded.mask, sizes)
     if not bool(jnp.all(jnp.isfinite(precision))):
         raise ValueError(

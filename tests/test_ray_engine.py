@@ -128,6 +128,22 @@ def test_ray_draws_identical_to_in_process(fsgld_runs):
     assert on_ray.info["visits_per_client"] == local.info["visits_per_client"]
 
 
+def test_sgld_surrogates_fitted_on_ray_identical_to_in_process(local_ray):
+    """surrogate="sgld": each client actor runs the surrogate's SGLD on its own data with the
+    key the in-process engine gives that client, so the surrogates, the automatic trust
+    radius (from the clients' estimator moments) and the draws are the in-process ones."""
+    federation = gaussian_federation()
+    h = step_size_for(federation, "fsgld", batch_size=10)
+    algorithm = fm.FSGLD(step_size=h, batch_size=10, local_steps=20, surrogate="sgld",
+                         surrogate_draws=300, surrogate_burn_in=100)
+    common = dict(init=jnp.zeros(DIM), thin=5, num_samples=30, burn_in=5, chains=2, seed=11)
+    local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **common)
+    on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
+                       visit_timeout=TIMEOUT, **common)
+    assert on_ray.info["trust_radius"] == pytest.approx(local.info["trust_radius"], rel=1e-4)
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
+
+
 def test_message_accounting(fsgld_runs):
     info = fsgld_runs["ray"].info
     rounds = sum(info["rounds_per_chain"])

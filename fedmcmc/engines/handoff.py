@@ -111,8 +111,9 @@ class HandoffClient:
         key = jax.random.split(
             jax.random.fold_in(jax.random.key(self.spec["seed"]), 2**20), num_clients
         )[self.index]
+        # key[None]: this client's own key, used as is (the in-process engine's key for it)
         fitted = surrogate_module.fit_surrogates(
-            kind, flat_share, one_client, jnp.asarray(theta0), key, **options
+            kind, flat_share, one_client, jnp.asarray(theta0), key[None], **options
         )
         precision, shift = np.asarray(fitted.precision[0]), np.asarray(fitted.shift[0])
         self._own_surrogate = (precision, shift)
