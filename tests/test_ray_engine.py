@@ -286,6 +286,9 @@ def test_engine_options_are_checked(local_ray):
                   **KILL_KW)
     with pytest.raises(ValueError, match="not supported with engine='ray'"):
         fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray", start_draw=5, **KILL_KW)
+    with pytest.raises(ValueError, match="dropping an agent changes the graph"):
+        fm.sample(GAUSSIAN_MODEL, federation, fm.DULA(step_size=1e-3, beta=0.3), engine="ray",
+                  on_client_failure="drop", **KILL_KW)
     with pytest.raises(ValueError, match="engine='ray' is not available"):
         fm.sample(GAUSSIAN_MODEL, federation, fm.SGLD(step_size=1e-3, batch_size=5),
                   engine="ray", **KILL_KW)

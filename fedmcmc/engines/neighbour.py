@@ -141,6 +141,12 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
     from .ray_engine import RayTransport, ray_session
 
     options = check_engine_options(options, algorithm.name)
+    if options["on_client_failure"] != "stop":
+        # an agent's neighbours mix with its state every iteration: leaving it out changes the
+        # graph (and may disconnect it), so there is no run to continue
+        raise ValueError(
+            f"on_client_failure={options['on_client_failure']!r} is not available for "
+            f"{algorithm.name} on engine='ray' (dropping an agent changes the graph); use 'stop'")
     n = federation.num_clients
     topo = algorithm.topology(n)
     algorithm._check_batch(federation)
