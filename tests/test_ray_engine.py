@@ -69,13 +69,14 @@ def _listening_addresses():
     return [r[3] for r in rows if len(r) >= 6 and any(k in r[5] for k in ("raylet", "gcs_server", "ray::", "default_worker"))]
 
 
-def _fsgld_runs(num_samples, burn_in, chains, seed):
-    """FSGLD (exact surrogates) on Ray and in-process with the same seed."""
+def _fsgld_runs(num_samples, burn_in, chains, seed, surrogate="exact", **surrogate_options):
+    """FSGLD on Ray and in-process with the same seed."""
     federation = gaussian_federation()
     h = step_size_for(federation, "fsgld", batch_size=10)
     precision = federation.total_size + 1.0
     thin = int(np.ceil(2.0 / (h * precision)))
-    algorithm = fm.FSGLD(step_size=h, batch_size=10, local_steps=100, surrogate="exact")
+    algorithm = fm.FSGLD(step_size=h, batch_size=10, local_steps=100, surrogate=surrogate,
+                         **surrogate_options)
     common = dict(init=jnp.zeros(DIM), thin=thin, num_samples=num_samples, burn_in=burn_in,
                   chains=chains, seed=seed)
     on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
@@ -88,8 +89,14 @@ def _fsgld_runs(num_samples, burn_in, chains, seed):
 
 @pytest.fixture(scope="module")
 def fsgld_runs(local_ray):
-    """A short run (the default suite): identity with the in-process engine, audit, accounting."""
-    return _fsgld_runs(num_samples=100, burn_in=20, chains=4, seed=3)
+    """A short run (the default suite): identity with the in-process engine, audit, accounting.
+
+    Surrogates fitted by each client with SGLD on its own data: the in-process engine fits the
+    same ones only if the client uses the key the in-process engine gives it (a bug once), so
+    the identity test covers the client-side fit and the trust radius from the clients'
+    estimator moments (the slow long run below uses exact surrogates)."""
+    return _fsgld_runs(num_samples=100, burn_in=20, chains=4, seed=3, surrogate="sgld",
+                       surrogate_draws=300, surrogate_burn_in=100)
 
 
 @pytest.fixture(scope="module")
@@ -126,22 +133,6 @@ def test_ray_draws_identical_to_in_process(fsgld_runs):
     assert on_ray.info["rounds"] == local.info["rounds"]
     assert on_ray.info["trust_radius"] == pytest.approx(local.info["trust_radius"], rel=1e-4)
     assert on_ray.info["visits_per_client"] == local.info["visits_per_client"]
-
-
-def test_sgld_surrogates_fitted_on_ray_identical_to_in_process(local_ray):
-    """surrogate="sgld": each client actor runs the surrogate's SGLD on its own data with the
-    key the in-process engine gives that client, so the surrogates, the automatic trust
-    radius (from the clients' estimator moments) and the draws are the in-process ones."""
-    federation = gaussian_federation()
-    h = step_size_for(federation, "fsgld", batch_size=10)
-    algorithm = fm.FSGLD(step_size=h, batch_size=10, local_steps=20, surrogate="sgld",
-                         surrogate_draws=300, surrogate_burn_in=100)
-    common = dict(init=jnp.zeros(DIM), thin=5, num_samples=30, burn_in=5, chains=2, seed=11)
-    local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **common)
-    on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
-                       visit_timeout=TIMEOUT, **common)
-    assert on_ray.info["trust_radius"] == pytest.approx(local.info["trust_radius"], rel=1e-4)
-    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
 
 
 def test_message_accounting(fsgld_runs):
@@ -407,7 +398,7 @@ def test_fed_zigzag_on_ray_identical_to_in_process_and_exact(zigzag_runs):
     local, on_ray, mean, cov = zigzag_runs
     np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-6)
     assert on_ray.info["events_per_worker"] == local.info["events_per_worker"]
-    ok, figures = trajectory_check(on_ray.info, mean, cov)
+    ok, figures = trajectory_check(on_ray.info, mean, cov, on_ray.flat_samples())
     assert ok, figures
     assert on_ray.info["engine"] == "ray" and len(on_ray.info["client_locations"]) == 4
 
