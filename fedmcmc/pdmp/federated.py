@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from .events import affine_first_time
+from .rng import exponential64, split_key, uniform64
 
 __all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "build"]
 
@@ -132,7 +133,7 @@ class FedState(NamedTuple):
 
 def _exp_time(key, rate):
     rate = jnp.asarray(rate)
-    e = jax.random.exponential(key, dtype=jnp.float64)
+    e = exponential64(key)
     return jnp.where(rate > 0, e / jnp.where(rate > 0, rate, 1.0), jnp.inf)
 
 
@@ -159,8 +160,8 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
         # Quadratic potential: the rate is exactly (a + b t)_+ (F.1) -- invert, no thinning.
         hv = jax.jvp(grad_fn, (x0,), (v0,))[1]
         a0, b0 = spec.anchor(x0, v0, g0, hv, q, l, lw, coords, ref, True)
-        k1, k2 = jax.random.split(key)
-        tc = affine_first_time(a0, b0, jax.random.exponential(k1, (C,), dtype=jnp.float64))
+        k1, k2 = split_key(key)
+        tc = affine_first_time(a0, b0, exponential64(k1, (C,)))
         ch = jnp.argmin(tc)
         tau = tc[ch]
         kind = jnp.int32(0)
@@ -182,8 +183,8 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
 
     def body(c):
         key, s, a, b, hend, sc, done, tau, kind, chan, gev, it, rej, viol = c
-        key, k1, k2, k3 = jax.random.split(key, 4)
-        e = jax.random.exponential(k1, (C,), dtype=jnp.float64)
+        key, k1, k2, k3 = split_key(key, 4)
+        e = exponential64(k1, (C,))
         tc = affine_first_time(a, b, e)
         ch = jnp.argmin(tc)
         tmin = tc[ch]
@@ -204,7 +205,7 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
         check = ~capped & ~beyond & ~excess_first
         tol = 1e-6 * (jnp.abs(a[ch]) + jnp.abs(b[ch]) * (t_safe - s)) + 1e-9
         violated = check & (rate > bound + tol)
-        u = jax.random.uniform(k3, dtype=jnp.float64)
+        u = uniform64(k3)
         accept = check & ~violated & (u * bound < rate)
         is_excess = ~capped & ~beyond & excess_first
         reanchor = ~capped & ~violated & ~accept & ~is_excess
@@ -316,8 +317,8 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     def event_keys(key):
         """The keys of one event iteration: ``(worker keys (M,), server key)``; worker m's
         proposal uses ``worker_keys[m]`` on every engine (identical random streams)."""
-        kw = jax.random.split(key, 7)[0]
-        return jax.random.split(kw, M), key
+        kw = split_key(key, 7)[0]
+        return split_key(kw, M), key
 
     def event_cap(st: FedState, t_stop):
         """The server's earliest own clock (refreshment, redistribution, next sample time),
@@ -336,7 +337,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         """Step 2 of Algorithm 2 (server side): add the prior's own proposal (if it has its
         own channels), take the earliest of all proposals and the server's clocks, and move
         the state (Algorithm 4's redistribution and the refreshment included)."""
-        _, kp, kj, kr, kr2, ka, ka2 = jax.random.split(key, 7)
+        _, kp, kj, kr, kr2, ka, ka2 = split_key(key, 7)
         cap_abs = jnp.minimum(jnp.minimum(st.next_refresh, st.next_redist), t_stop)
         cap = cap_abs - st.t
         x, v = st.x, st.v
