@@ -10,6 +10,19 @@ reply is agent i's own outgoing message (w_i[, d_i] for all chains). Every
 ``thin`` iterations the driver reads the agents' messages (a gather) to form the
 kept draw, the network average (1/n) sum_i w_i.
 
+Gradient error (``gradient_error=True``, the in-process engine's
+``kernels.tracking_error``, section 4.3): ||d - 1 (x) u_bar|| with
+u_bar = (1/n) sum_i grad E_i(w_bar) and d_i the tracker (GT-DULA) or the exact
+local gradient grad E_i(w_i) (DULA). At a kept draw the driver sends every agent
+the draw w_bar (one vector of d floats per chain, the draw it has just formed);
+agent i answers with d_i and grad E_i(w_bar), computed on its own full data
+(two parameter-sized vectors per chain), and the driver forms u_bar and the
+norm. The call is queued behind the kept iteration and ahead of the next one
+(an actor runs one caller's calls in order) and its reply is read with the next
+gather, so it does not add a round trip. These messages go through the
+transport's counters (``messages_to_clients``, ``bytes_to_clients``,
+``messages_from_clients``, ``bytes_from_clients``; ``audit_messages``).
+
 The update of agent i is row i of the in-process kernels (``decentralised.kernels``):
 ``w_i <- w_i - beta (L w)_i - alpha n g_i + sqrt(2 alpha n) v_i`` (DULA, eq. (3))
 and, for GT-DULA, eq. (7)-(8) with the trackers. The random streams are the
@@ -17,8 +30,7 @@ in-process engine's (noise: row i of the (n, d) normal draw of that iteration's
 key; minibatch: the i-th of the n keys split from it), so the draws equal
 ``engine="local"``'s up to float rounding.
 
-Not here (yet): the gradient error statistic (needs every agent's full gradient
-at the network average), client failures other than stopping with an error.
+Not here (yet): client failures other than stopping with an error.
 """
 
 from __future__ import annotations
@@ -59,10 +71,14 @@ class AgentClient:
         batch_size = spec["batch_size"]
         i = self.index
 
+        def full_gradient(theta):
+            """Row i of ``kernels.full_gradient_fn``: -grad log p(X_i|w) - grad log p(w)/n."""
+            return -flat.grad_log_likelihood_sum(theta, self.data) - flat.grad_log_prior(theta) / n
+
         def gradient(key, theta):
             """Row i of ``kernels.local_gradient_fn``: -(M_i/m) grad log p(X_hat_i|w) - grad log p(w)/n."""
             if batch_size is None:
-                return -flat.grad_log_likelihood_sum(theta, self.data) - flat.grad_log_prior(theta) / n
+                return full_gradient(theta)
             agent_key = jax.random.split(key, n)[i]
             u = jax.random.uniform(agent_key, (batch_size,))
             sampled = jnp.minimum((u * self.size).astype(jnp.int32), self.size - 1)
@@ -103,7 +119,15 @@ class AgentClient:
                 jnp.arange(chains), k, w, d, g, neighbours_w, neighbours_d, weights
             )
 
+        @jax.jit
+        def gradient_terms(w, d, w_bar):
+            # this agent's part of kernels.tracking_error, per chain: its direction (the
+            # tracker d_i, or DULA's exact local gradient grad E_i(w_i)) and grad E_i(w_bar)
+            direction = d if tracking else jax.vmap(full_gradient)(w)
+            return direction, jax.vmap(full_gradient)(w_bar)
+
         self._step = step
+        self._gradient_terms = gradient_terms
         theta0 = flat.ravel(init)
         self.w = jnp.broadcast_to(theta0, (chains, dim))
         if tracking:
@@ -131,6 +155,15 @@ class AgentClient:
             np.int32(k), self.w, self.d, self.g, nw, nd, self.neighbour_coefficients
         )
         return self.message()
+
+    def gradient_terms(self, w_bar):
+        """For the gradient error at a kept draw: ``(d_i, grad E_i(w_bar))``, each ``(chains, d)``.
+
+        ``w_bar``: the kept draw (network average) of every chain, ``(chains, d)``.
+        """
+        w_bar = jnp.asarray(w_bar, self.w.dtype)
+        direction, at_average = self._gradient_terms(self.w, self.d, w_bar)
+        return np.asarray(direction), np.asarray(at_average)
 
 
 def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
@@ -168,20 +201,42 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
         specs.append((AgentClient, (i, federation[i], model, init, spec)))
     total = burn_in + num_samples
     floats_per_message = chains * dim * (2 if tracking else 1)
+    track = bool(algorithm.gradient_error)
     with ray_session(options.get("ray_address"), options.get("ray_init_options")):
         transport = RayTransport(specs, resources=options.get("client_resources"),
-                                 num_cpus=options.get("client_num_cpus", 0))
+                                 num_cpus=options.get("client_num_cpus", 0),
+                                 audit=bool(options.get("audit_messages", False)))
         ray = transport._ray
         timeout = options.get("visit_timeout")
         draws = np.full((chains, total, dim), np.nan, np.float32)
         agents = np.full((chains, total, n, dim), np.nan, np.float32)
         consensus = np.full((chains, total), np.nan, np.float32)
+        gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
         done = 0
         started = time.perf_counter()
         from .handoff import _progress_bar
 
         bar = _progress_bar(progress, f"{algorithm.name} (ray)", total)
         last_update = started
+
+        def gather(refs):
+            try:
+                return ray.get(refs, timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise _failure(None, f"no answer within visit_timeout={timeout:g} s")
+            except ray.exceptions.RayError as error:
+                raise _failure(None, f"{type(error).__name__}")
+
+        def record_gradient_terms(index, replies):
+            # replies[i] = (d_i, grad E_i(w_bar)) of agent i, each (chains, dim)
+            for i, reply in enumerate(replies):
+                transport.record("from_clients", i, "gradient_terms", reply)
+            directions = np.stack([r[0] for r in replies], axis=1).astype(np.float64)
+            u_bar = np.mean([r[1] for r in replies], axis=0, dtype=np.float64)  # (chains, dim)
+            gradient_error[:, index] = np.sqrt(
+                np.sum((directions - u_bar[:, None, :]) ** 2, axis=(1, 2)))
+
+        pending = None  # (draw index, refs) of the gradient terms not read yet
         try:
             refs = [actor.message.remote() for actor in transport.actors]
             k = 0
@@ -192,32 +247,47 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
                         for i in range(n)
                     ]
                     k += 1
-                try:
-                    messages = ray.get(refs, timeout=timeout)
-                except ray.exceptions.GetTimeoutError:
-                    raise _failure(None, f"no answer within visit_timeout={timeout:g} s")
-                except ray.exceptions.RayError as error:
-                    raise _failure(None, f"{type(error).__name__}")
+                if pending is None:
+                    messages = gather(refs)
+                else:
+                    replies = gather(refs + pending[1])
+                    messages = replies[:n]
+                    record_gradient_terms(pending[0], replies[n:])
+                    pending = None
+                for i, message in enumerate(messages):
+                    transport.record("from_clients", i, "step", message)
                 w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
+                w_bar = w.mean(axis=1)
                 agents[:, done] = w
-                draws[:, done] = w.mean(axis=1)
-                consensus[:, done] = np.sum((w - w.mean(axis=1, keepdims=True)) ** 2, axis=(1, 2)) / n
+                draws[:, done] = w_bar
+                consensus[:, done] = np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n
+                if track and done >= burn_in:
+                    # queued after this draw's iteration and before the next one's: read with
+                    # the next gather
+                    for i in range(n):
+                        transport.record("to_clients", i, "gradient_terms", (w_bar,))
+                    pending = (done, [actor.gradient_terms.remote(w_bar)
+                                      for actor in transport.actors])
                 done += 1
                 now = time.perf_counter()
                 if bar is not None and (now - last_update > 0.5 or done == total):
                     bar[0].update(bar[1], completed=done,
                                   rate=f"{done * thin / max(now - started, 1e-9):,.1f} it/s")
                     last_update = now
+            if pending is not None:
+                record_gradient_terms(pending[0], gather(pending[1]))
+                pending = None
         except ClientFailureError as error:
-            error.result = _result(algorithm, flat_model, draws, agents, consensus, done, burn_in,
-                                   thin, chains, topo, neighbours, floats_per_message, started)
+            error.result = _result(algorithm, flat_model, draws, agents, consensus,
+                                   gradient_error, done, burn_in, thin, chains, topo, neighbours,
+                                   floats_per_message, started, transport)
             raise
         finally:
             if bar is not None:
                 bar[0].stop()
             transport.close()
-    return _result(algorithm, flat_model, draws, agents, consensus, done, burn_in, thin, chains,
-                   topo, neighbours, floats_per_message, started)
+    return _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done,
+                   burn_in, thin, chains, topo, neighbours, floats_per_message, started, transport)
 
 
 def _failure(client: Optional[int], reason: str) -> ClientFailureError:
@@ -227,14 +297,17 @@ def _failure(client: Optional[int], reason: str) -> ClientFailureError:
     )
 
 
-def _result(algorithm, flat_model, draws, agents, consensus, done, burn_in, thin, chains, topo,
-            neighbours, floats_per_message, started):
+def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done, burn_in,
+            thin, chains, topo, neighbours, floats_per_message, started, transport):
     from ..decentralised.algorithms import _unravel_numpy
     from ..results import Result
 
     iterations = done * thin
     directed = sum(len(nb) for nb in neighbours)
-    n = len(neighbours)
+    between = iterations * directed
+    # the driver's messages: the gathers of the kept draws (every agent's w_i[, d_i] every thin
+    # iterations) and, with gradient_error, w_bar to every agent and (d_i, grad E_i(w_bar)) back
+    counts, nbytes, floats = transport.counts, transport.bytes, transport.floats
     info = {
         "algorithm": algorithm.name,
         "engine": "ray",
@@ -247,14 +320,21 @@ def _result(algorithm, flat_model, draws, agents, consensus, done, burn_in, thin
         "dim": flat_model.dim,
         "rounds": iterations,
         # one message per directed edge and iteration (all chains' w_j[, d_j]), actor to actor
-        "messages_between_agents": int(iterations * directed),
-        "bytes_between_agents": int(iterations * directed * floats_per_message * 4),
-        # the gathers of the kept draws: every agent's w_i to the driver every thin iterations
-        "messages_from_clients": int(done * n),
-        "bytes_from_clients": int(done * n * floats_per_message * 4),
-        "messages": int(iterations * directed + done * n),
-        "floats_communicated": int((iterations * directed + done * n) * floats_per_message),
+        "messages_between_agents": int(between),
+        "bytes_between_agents": int(between * floats_per_message * 4),
+        "messages_to_clients": int(counts["to_clients"]),
+        "bytes_to_clients": int(nbytes["to_clients"]),
+        "messages_from_clients": int(counts["from_clients"]),
+        "bytes_from_clients": int(nbytes["from_clients"]),
+        "messages": int(between + counts["to_clients"] + counts["from_clients"]),
+        "floats_communicated": int(between * floats_per_message + floats["to_clients"]
+                                   + floats["from_clients"]),
     }
+    if transport.audit:
+        info["client_message_audit"] = [
+            [c, m, [[list(shape), dtype] for shape, dtype in arrays]]
+            for c, m, arrays in transport.sent_by_clients
+        ]
     info.update(topo.describe())
     gamma = algorithm._gamma()
     if gamma is not None:
@@ -264,4 +344,6 @@ def _result(algorithm, flat_model, draws, agents, consensus, done, burn_in, thin
         info["agent_samples"] = _unravel_numpy(flat_model, agents[:, kept])
     samples = _unravel_numpy(flat_model, draws[:, kept])
     stats = {"consensus_error": consensus[:, kept]}
+    if gradient_error is not None:
+        stats["gradient_error"] = gradient_error[:, kept]
     return Result(samples=samples, info=info, sample_stats=stats, algorithm=algorithm.name)
