@@ -125,12 +125,31 @@ def run_chains(
     """
     total = burn_in + num_samples
     chunk_size = chunk_size or default_chunk_size(total)
+    # Every chunk has the same length, so the chunk is compiled once: the last chunk of a
+    # run whose length is not a multiple of chunk_size runs its draws past ``total`` as
+    # no-ops (``lax.cond`` on the draw index) instead of compiling a shorter program.
+    chunk_size = max(1, min(chunk_size, total - start_draw))
     chains = jax.tree_util.tree_leaves(initial_states)[0].shape[0]
     if progress is None:
         progress = sys.stderr.isatty()
 
-    def one_draw(carry, draw_index):
-        states = carry
+    def skip_past_end(advance):
+        """``advance(states, inputs, draw_index)`` for draws before ``total``; past it the
+        states are kept and the outputs are placeholders (dropped on the host)."""
+
+        def guarded(states, inputs, draw_index):
+            placeholder = jax.eval_shape(advance, states, inputs, draw_index)[1]
+
+            def skip(states, inputs):
+                return states, jax.tree_util.tree_map(
+                    lambda leaf: jnp.ones(leaf.shape, leaf.dtype), placeholder)
+
+            return jax.lax.cond(draw_index < total, lambda s, x: advance(s, x, draw_index), skip,
+                                states, inputs)
+
+        return guarded
+
+    def advance_with_key(states, draw_index, _):
         keys = jax.random.split(jax.random.fold_in(key, draw_index), chains)
         states, draws, stats = jax.vmap(draw_step)(keys, states)
         finite = jnp.all(jnp.isfinite(draws), axis=-1) & jnp.all(
@@ -138,20 +157,30 @@ def run_chains(
         )
         return states, (draws, stats, finite)
 
+    guarded_with_key = skip_past_end(advance_with_key)
+
+    def one_draw(states, draw_index):
+        return guarded_with_key(states, draw_index, draw_index)
+
     def draw_keys(draw_index):
         return jax.random.split(jax.random.fold_in(key, draw_index), chains)
 
-    def one_draw_with(states, inputs):
-        noise = inputs
+    def advance_with_noise(states, noise, _):
         states, draws, stats = jax.vmap(draw_step)(noise, states)
         finite = jnp.all(jnp.isfinite(draws), axis=-1) & jnp.all(
             jnp.abs(draws) < divergence_threshold, axis=-1
         )
         return states, (draws, stats, finite)
 
+    guarded_with_noise = skip_past_end(advance_with_noise)
+
+    def one_draw_with(states, inputs):
+        noise, draw_index = inputs
+        return guarded_with_noise(states, noise, draw_index)
+
     def noise_block(states, indices):
         noise = jax.vmap(lambda i: jax.vmap(draw_noise)(draw_keys(i)))(indices)
-        return jax.lax.scan(one_draw_with, states, noise)
+        return jax.lax.scan(one_draw_with, states, (noise, indices))
 
     if draw_noise is not None:
         one_chain_noise = jax.eval_shape(draw_noise, jax.random.key(0))
@@ -187,16 +216,16 @@ def run_chains(
     try:
         while done < total:
             n = min(chunk_size, total - done)
-            indices = jnp.arange(done, done + n, dtype=jnp.int32)
+            indices = jnp.arange(done, done + chunk_size, dtype=jnp.int32)
             chunk_start = time.perf_counter()
             try:
                 new_states, (draws, stats, finite) = run_chunk(states, indices)
-                draws = np.array(draws)  # (n, chains, dim), writable
-                finite = np.asarray(finite)  # (n, chains)
+                draws = np.array(draws[:n])  # (n, chains, dim), writable
+                finite = np.asarray(finite[:n])  # (n, chains)
             except KeyboardInterrupt:
                 interrupted = True
                 break
-            stats = {k: np.asarray(v) for k, v in stats.items()}
+            stats = {k: np.asarray(v[:n]) for k, v in stats.items()}
             keep_from = max(0, burn_in - done)
             if not finite.all():
                 bad_rows = ~finite
