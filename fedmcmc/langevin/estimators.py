@@ -104,5 +104,8 @@ def draw_client(key, cumulative_weights):
 def client_from_uniform(uniform, cumulative_weights):
     """:func:`draw_client` from its uniform on [0, 1) (drawn in bulk by the engine)."""
     u = uniform * cumulative_weights[-1]
-    index = jnp.searchsorted(cumulative_weights, u, side="right")
+    # the same index either way; comparing against all S weights is one fused vector
+    # operation, cheaper inside a compiled step than the binary search's loop for small S
+    method = "compare_all" if cumulative_weights.shape[0] <= 256 else "scan"
+    index = jnp.searchsorted(cumulative_weights, u, side="right", method=method)
     return jnp.minimum(index, cumulative_weights.shape[0] - 1).astype(jnp.int32)
