@@ -25,7 +25,7 @@ with ``W_x = I - x L`` and the local estimate (section 3)
 Random numbers: the kernels draw exactly what ``jax.random.split``, ``jax.random.normal``
 and ``jax.random.uniform`` draw for the same keys (the Ray engine's ``AgentClient``
 reproduces them), but for threefry keys they compute the threefry-2x32 hash with the
-rounds unrolled (:func:`_threefry2x32`) instead of calling ``jax.random``: on CPU,
+rounds unrolled (:mod:`fedmcmc.rng`) instead of calling ``jax.random``: on CPU,
 ``jax.random`` lowers the hash as a rolled 5-iteration while loop (one loop per call,
 with loop-carried rotation amounts and the hash computed once per output word), which
 made the key split and the (n, d) normal draw most of an iteration. Unrolled, the hash
@@ -43,6 +43,7 @@ import numpy as np
 
 from ..federation import PaddedData
 from ..model import FlatModel
+from ..rng import normal, split_key, uniform  # bit for bit jax.random's (fedmcmc.rng)
 
 __all__ = [
     "DULAState",
@@ -73,104 +74,6 @@ class GTDULAState(NamedTuple):
     tracker: jax.Array  # (n, d) gradient trackers d_{i,k}
     gradient: jax.Array  # (n, d) last local gradient estimates g_hat_{i,k}
     iteration: jax.Array  # int32 k
-
-
-# ------------------------------------------------------------ random numbers
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-
-
-def _threefry2x32(k1, k2, x1, x2):
-    """The threefry-2x32 hash (20 rounds) of ``jax.random``'s ``threefry2x32_p``, unrolled.
-
-    ``k1, k2``: the key words (broadcastable against the counters ``x1, x2``, uint32).
-    """
-    ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
-    x1 = x1 + ks[0]
-    x2 = x2 + ks[1]
-    for block in range(5):
-        for r in _ROTATIONS[block % 2]:
-            x1 = x1 + x2
-            x2 = ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r))) ^ x1
-        x1 = x1 + ks[(block + 1) % 3]
-        x2 = x2 + ks[(block + 2) % 3] + np.uint32(block + 1)
-    return x1, x2
-
-
-def _unrolled(key) -> bool:
-    """Whether the unrolled hash reproduces ``jax.random`` for ``key`` (a typed key)."""
-    return (
-        jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-        and str(jax.random.key_impl(key)) == "threefry2x32"
-        and bool(jax.config.jax_threefry_partitionable)
-    )
-
-
-def _hash_iota(key, shape):
-    """``threefry2x32(key, iota_2x32_shape(shape))``: the two output words, each of ``shape``.
-
-    The counters are the flat index as (high, low) uint32 words, as ``jax.random``
-    with ``jax_threefry_partitionable`` builds them; ``key`` may carry leading axes
-    (e.g. one key per agent), which broadcast against ``shape``'s last axes.
-    """
-    size = int(np.prod(shape, dtype=np.int64))
-    if size >= 2**32:  # pragma: no cover - far beyond any agent count
-        raise ValueError("more than 2**32 random numbers in one draw")
-    data = jax.random.key_data(key)
-    k1, k2 = data[..., 0], data[..., 1]
-    k1 = k1.reshape(k1.shape + (1,) * len(shape))
-    k2 = k2.reshape(k2.shape + (1,) * len(shape))
-    low = jax.lax.iota(jnp.uint32, size).reshape(shape)
-    return _threefry2x32(k1, k2, jnp.zeros_like(low), low)
-
-
-def split_key(key, num: int = 2):
-    """``jax.random.split(key, num)``, bit for bit (unrolled hash for threefry keys)."""
-    if not _unrolled(key):
-        return jax.random.split(key, num)
-    b1, b2 = _hash_iota(key, (num,))
-    # the barrier keeps XLA from fusing this small hash into every element of the
-    # draws made with the new keys (it would recompute it per element)
-    data = jax.lax.optimization_barrier(jnp.stack([b1, b2], axis=-1))
-    return jax.random.wrap_key_data(data, impl="threefry2x32")
-
-
-def _unit_floats(bits, dtype):
-    """uint32 bits -> floats in [0, 1) as ``jax.random.uniform`` makes them (23 mantissa bits)."""
-    one = np.array(1.0, dtype)
-    float_bits = (bits >> np.uint32(32 - 23)) | one.view(np.uint32)
-    return jax.lax.bitcast_convert_type(float_bits, dtype) - one
-
-
-def uniform(key, shape):
-    """``jax.random.uniform(key, shape)`` (default dtype), bit for bit.
-
-    ``key`` may have leading axes: then one draw of ``shape`` per key (as ``vmap``
-    over the keys would give), shape ``key.shape + shape``.
-    """
-    dtype = jax.dtypes.canonicalize_dtype(float)
-    if not _unrolled(key) or dtype != jnp.float32:
-        draw = lambda k: jax.random.uniform(k, shape)  # noqa: E731
-        for _ in range(key.ndim):
-            draw = jax.vmap(draw)
-        return draw(key)
-    b1, b2 = _hash_iota(key, shape)
-    floats = _unit_floats(b1 ^ b2, dtype)
-    zero, one = np.array(0.0, dtype), np.array(1.0, dtype)
-    return jax.lax.max(zero, floats * (one - zero) + zero)
-
-
-def normal(key, shape, dtype):
-    """``jax.random.normal(key, shape, dtype)``, bit for bit: sqrt(2) erfinv(u),
-    u uniform on (-1, 1) (unrolled hash for threefry keys and float32)."""
-    if not _unrolled(key) or jnp.dtype(dtype) != jnp.float32:
-        return jax.random.normal(key, shape, dtype)
-    dtype = np.dtype(np.float32)
-    b1, b2 = _hash_iota(key, tuple(shape))
-    floats = _unit_floats(b1 ^ b2, dtype)
-    lo = np.nextafter(np.array(-1.0, dtype), np.array(0.0, dtype), dtype=dtype)
-    hi = np.array(1.0, dtype)
-    u = jax.lax.max(lo, floats * (hi - lo) + lo)
-    return np.array(np.sqrt(2), dtype) * jax.lax.erf_inv(u)
 
 
 # ------------------------------------------------------------------ gradients

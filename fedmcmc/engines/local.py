@@ -10,7 +10,7 @@ it over chains, ``scan``s it over a chunk of draws under ``jit``, and runs the
 chunks from Python only to report progress, check for divergence and honour
 Ctrl-C. Keys are derived from the draw index (``fold_in``), so the draws do not
 depend on how the run is cut into chunks -- which is what makes checkpoint and
-resume exact.
+resume exact. (``fedmcmc.rng``: ``jax.random``'s keys bit for bit, hash unrolled.)
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .. import rng
 
 PyTree = Any
 
@@ -150,7 +152,7 @@ def run_chains(
         return guarded
 
     def advance_with_key(states, draw_index, _):
-        keys = jax.random.split(jax.random.fold_in(key, draw_index), chains)
+        keys = rng.split_key(rng.fold_in(key, draw_index), chains)
         states, draws, stats = jax.vmap(draw_step)(keys, states)
         finite = jnp.all(jnp.isfinite(draws), axis=-1) & jnp.all(
             jnp.abs(draws) < divergence_threshold, axis=-1
@@ -163,7 +165,7 @@ def run_chains(
         return guarded_with_key(states, draw_index, draw_index)
 
     def draw_keys(draw_index):
-        return jax.random.split(jax.random.fold_in(key, draw_index), chains)
+        return rng.split_key(rng.fold_in(key, draw_index), chains)
 
     def advance_with_noise(states, noise, _):
         states, draws, stats = jax.vmap(draw_step)(noise, states)

@@ -21,6 +21,7 @@ from ..algorithm import (
     check_positive_float,
     check_positive_int,
 )
+from .. import rng
 from ..checkpoint import restore_states, split_run_options
 from ..engines.local import run_chains
 from ..results import Result, SamplingDivergedError
@@ -77,7 +78,7 @@ class _LangevinAlgorithm(Algorithm):
         def draw_noise(key):
             # the random numbers of the draw's ``thin`` updates, from the keys
             # split(key, thin) (what ``step(k, s)`` would draw one update at a time)
-            return jax.vmap(step.noise)(jax.random.split(key, thin))
+            return jax.vmap(step.noise)(rng.split_key(key, thin))
 
         def draw_step(noise, state):
             state, _ = jax.lax.scan(lambda s, z: (step.apply(z, s), None), state, noise)

@@ -1,0 +1,92 @@
+"""fedmcmc.rng: the unrolled threefry gives exactly jax.random's numbers.
+
+Every family draws through it (Langevin step noise, the engine's per-draw keys, DULA/GT-DULA,
+PDMP thinning), and the Ray engines, which draw with jax.random on the clients, must get the
+same numbers. Compared under jit and under vmap over keys; a hash with one rotation changed
+is rejected by the same comparison; other key implementations go through jax.random.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedmcmc import rng
+from fedmcmc.langevin.sgld import step_noise
+
+
+def same(a, b):
+    return np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_split_uniform_normal_are_jax_randoms_bit_for_bit():
+    keys = jax.random.split(jax.random.key(2**31 - 1), 3)  # several keys: vmap over them
+
+    def ours(k):
+        agent_keys = rng.split_key(k, 6)
+        return (jax.random.key_data(rng.split_key(k, 3)),
+                rng.normal(rng.split_key(k)[1], (10, 20), jnp.float32),
+                rng.normal(k, (3, 5, 7), jnp.float32),
+                jax.random.key_data(agent_keys),
+                rng.uniform(agent_keys, (5,)))
+
+    def theirs(k):
+        agent_keys = jax.random.split(k, 6)
+        return (jax.random.key_data(jax.random.split(k, 3)),
+                jax.random.normal(jax.random.split(k)[1], (10, 20)),
+                jax.random.normal(k, (3, 5, 7)),
+                jax.random.key_data(agent_keys),
+                jax.vmap(lambda a: jax.random.uniform(a, (5,)))(agent_keys))
+
+    expected = jax.jit(jax.vmap(theirs))(keys)
+    for got in (jax.jit(jax.vmap(ours))(keys), jax.jit(ours)(keys[0])):
+        for a, b in zip(got, expected):
+            assert same(a, b[0] if a.ndim < b.ndim else b)
+    rbg = jax.random.key(1, impl="rbg")
+    assert same(jax.jit(lambda k: rng.normal(k, (4, 2), jnp.float32))(rbg),
+                jax.jit(lambda k: jax.random.normal(k, (4, 2)))(rbg))
+
+    rotations = rng._ROTATIONS
+    try:
+        rng._ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 25))
+        broken = jax.jit(lambda k: rng.normal(k, (10, 20), jnp.float32))(keys[0])
+    finally:
+        rng._ROTATIONS = rotations
+    assert not same(broken, jax.jit(lambda k: jax.random.normal(k, (10, 20)))(keys[0]))
+
+
+def test_fold_in_is_jax_randoms_bit_for_bit():
+    """The engine keys draw i by fold_in(key, i): every index, and per-chain keys under vmap."""
+    key = jax.random.key(12345)
+    indices = jnp.concatenate([jnp.arange(0, 3000), jnp.array([2**31 - 1, 123456789])]).astype(jnp.int32)
+    ours = jax.jit(jax.vmap(lambda i: jax.random.key_data(rng.fold_in(key, i))))(indices)
+    theirs = jax.jit(jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(key, i))))(indices)
+    assert same(ours, theirs)
+    keys = jax.random.split(jax.random.key(7), 50)
+    assert same(jax.vmap(lambda k, i: jax.random.key_data(rng.fold_in(k, i)))(keys, indices[:50]),
+                jax.vmap(lambda k, i: jax.random.key_data(jax.random.fold_in(k, i)))(keys, indices[:50]))
+    # data 0 and 1 must give different keys (a hash that ignored the counter would not)
+    assert not same(jax.random.key_data(rng.fold_in(key, 0)), jax.random.key_data(rng.fold_in(key, 1)))
+
+
+def test_float64_uniform_and_exponential_are_jax_randoms():
+    with jax.enable_x64(True):
+        key = jax.random.key(3)
+        assert same(jax.jit(lambda k: rng.uniform64(k, (1000,)))(key),
+                    jax.random.uniform(key, (1000,), dtype=jnp.float64))
+        assert same(jax.jit(lambda k: rng.exponential64(k, (1000,)))(key),
+                    jax.random.exponential(key, (1000,), dtype=jnp.float64))
+
+
+def test_langevin_step_noise_is_jax_randoms():
+    """A Langevin update's (scheduler uniform, minibatch uniforms, Gaussian noise), as the
+    Ray hand-off's clients draw them with jax.random."""
+    keys = jax.random.split(jax.random.key(3), 100)
+    ours = jax.jit(jax.vmap(lambda k: step_noise(k, 17, 5, jnp.float32)))(keys)
+
+    def theirs(key):
+        k_client, k_batch, k_noise = jax.random.split(key, 3)
+        return (jax.random.uniform(k_client, ()), jax.random.uniform(k_batch, (17,)),
+                jax.random.normal(k_noise, (5,), jnp.float32))
+
+    for a, b in zip(ours, jax.jit(jax.vmap(theirs))(keys)):
+        assert same(a, b)
