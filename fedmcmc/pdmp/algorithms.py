@@ -473,7 +473,8 @@ class _FedPDMP(Algorithm):
         starts = jnp.broadcast_to(theta0, (chains, d))
         if init_jitter > 0:
             starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
-        states = jax.vmap(init_fn)(jax.random.split(k_init, chains), starts)
+        # compiled once rather than dispatched op by op (each op compiles on first use)
+        states = jax.jit(jax.vmap(init_fn))(jax.random.split(k_init, chains), starts)
         if with_protocol:
             return (cfg, draw_step, states, k_run, out_model, info, on_violation, protocol,
                     prior_part, workers)

@@ -92,7 +92,7 @@ def auto_worker_bounds(flat_model, padded, theta0, safety):
     def hess(data_m, mask_m):
         return jax.hessian(lambda th: -flat_model.log_likelihood_sum(th, data_m, mask_m))(theta0)
 
-    h = np.abs(np.asarray(jax.vmap(hess)(padded.data, padded.mask), dtype=np.float64))
+    h = np.abs(np.asarray(jax.jit(jax.vmap(hess))(padded.data, padded.mask), dtype=np.float64))
     return _floor(h, safety)
 
 
@@ -112,7 +112,8 @@ def prior_hessian_bounds(flat_model, model, theta0, safety, auto):
     if given is not None and not auto:
         q, l = _as_q_l(given, d)
         return q, l
-    h = np.abs(np.asarray(jax.hessian(lambda th: -flat_model.log_prior(th))(theta0), dtype=np.float64))
+    h = np.abs(np.asarray(jax.jit(jax.hessian(lambda th: -flat_model.log_prior(th)))(theta0),
+                          dtype=np.float64))
     if model.attributes.get("quadratic_potential"):
         return h, spectral_norm(h)
     if not np.any(h):
