@@ -11,8 +11,8 @@ import pytest
 from fedmcmc import reproduce
 
 # quick-size wall time on 2 shared cores, measured: fsgld-fig1 ~20 s, fsgld-fig4 ~15 s,
-# gtdula-fig2 ~10 s; the others 1-18 minutes each under load (the pdmc-* ones belong to the
-# PDMP family and are slow here until their owner lists them as fast).
+# gtdula-fig2 ~10 s; the others from about 40 s (gtdula-fig3) to several minutes each under
+# load (fsgld-table1 83 s, most pdmc-* 30 s to 3.5 min, mostly compilation), so they run with -m slow.
 FAST = {"fsgld-fig1", "fsgld-fig4", "gtdula-fig2", "pdmc-privacy"}
 
 
