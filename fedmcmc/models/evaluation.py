@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -49,16 +50,30 @@ def log_likelihood_matrix(
         lambda leaf: jnp.asarray(leaf).reshape((chains * draws,) + np.shape(leaf)[2:]), samples
     )
 
+    block = _block_for(model)
+    batch_size = max(1, min(int(batch_size), n))
+    pieces = []
+    for start in range(0, n, batch_size):
+        # every block has batch_size rows (the last one padded with copies of its first row,
+        # whose values are dropped), so one compiled program serves the whole call
+        stop = min(start + batch_size, n)
+        take = np.concatenate([np.arange(start, stop), np.full(batch_size - (stop - start), start)])
+        batch = jax.tree_util.tree_map(lambda leaf: jnp.asarray(np.asarray(leaf)[take]), rows)
+        pieces.append(np.asarray(block(flat, batch), dtype=np.float64)[:, : stop - start])
+    return np.concatenate(pieces, axis=1).reshape(chains, draws, n)
+
+
+@functools.lru_cache(maxsize=16)
+def _block_for(model: Model):
+    """The compiled (draws x rows) log-likelihood block of ``model``, kept across calls (a
+    train and a test evaluation, or one per chain, reuse it instead of recompiling)."""
+
     @jax.jit
     def block(theta_all, batch):
         per_draw = lambda theta: model.log_likelihood_per_example(theta, batch)  # noqa: E731
         return jax.lax.map(per_draw, theta_all)
 
-    pieces = []
-    for start in range(0, n, batch_size):
-        batch = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf[start : start + batch_size]), rows)
-        pieces.append(np.asarray(block(flat, batch), dtype=np.float64))
-    return np.concatenate(pieces, axis=1).reshape(chains, draws, n)
+    return block
 
 
 def predictive_log_likelihood(
