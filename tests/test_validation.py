@@ -116,6 +116,23 @@ def test_exact_surrogate_refuses_non_gaussian_likelihood():
         )
 
 
+def test_sgld_surrogate_warns_when_its_local_chains_did_not_mix():
+    """A surrogate fitted from an unmixed SGLD chain measures the chain's length, not the
+    likelihood (FSGLD Table 1 diagnosis): flagged; a well-mixed fit is not."""
+    import warnings
+
+    from fedmcmc.surrogates import SurrogateMixingWarning
+
+    fed = fm.Federation(clients(sizes=(200, 200, 200)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SurrogateMixingWarning)
+        fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=2, surrogate="sgld").fit_surrogates(
+            gaussian_model(), fed, jnp.zeros(2))  # h K curvature = 600: mixed
+    with pytest.warns(SurrogateMixingWarning, match="mixed poorly"):
+        fm.FSGLD(step_size=1e-5, batch_size=10, local_steps=2, surrogate="sgld").fit_surrogates(
+            gaussian_model(), fed, jnp.zeros(2))  # h K curvature = 6: a few relaxation times
+
+
 def test_shapes_of_samples_and_info():
     result = run(fm.FSGLD(step_size=1e-3, batch_size=5, local_steps=3), num_samples=7, thin=2, burn_in=4, chains=3)
     assert result.samples.shape == (3, 7, 2)
