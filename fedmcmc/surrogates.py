@@ -37,6 +37,7 @@ changes its variance.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -352,8 +353,6 @@ def _warn_if_unmixed(median_ess: np.ndarray, draws: int) -> None:
     and repel the chain."""
     poor = np.nonzero(median_ess < SGLD_MIN_ESS)[0]
     if poor.size:
-        import warnings
-
         shown = ", ".join(f"client {int(s)}: {median_ess[s]:.1f}" for s in poor[:5])
         warnings.warn(
             f"surrogate='sgld': the local SGLD chains of {poor.size} of {median_ess.size} "

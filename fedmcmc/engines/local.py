@@ -135,50 +135,35 @@ def run_chains(
     if progress is None:
         progress = sys.stderr.isatty()
 
-    def skip_past_end(advance):
-        """``advance(states, inputs, draw_index)`` for draws before ``total``; past it the
-        states are kept and the outputs are placeholders (dropped on the host)."""
-
-        def guarded(states, inputs, draw_index):
-            placeholder = jax.eval_shape(advance, states, inputs, draw_index)[1]
-
-            def skip(states, inputs):
-                return states, jax.tree_util.tree_map(
-                    lambda leaf: jnp.ones(leaf.shape, leaf.dtype), placeholder)
-
-            return jax.lax.cond(draw_index < total, lambda s, x: advance(s, x, draw_index), skip,
-                                states, inputs)
-
-        return guarded
-
-    def advance_with_key(states, draw_index, _):
-        keys = rng.split_key(rng.fold_in(key, draw_index), chains)
-        states, draws, stats = jax.vmap(draw_step)(keys, states)
-        finite = jnp.all(jnp.isfinite(draws), axis=-1) & jnp.all(
-            jnp.abs(draws) < divergence_threshold, axis=-1
-        )
-        return states, (draws, stats, finite)
-
-    guarded_with_key = skip_past_end(advance_with_key)
-
-    def one_draw(states, draw_index):
-        return guarded_with_key(states, draw_index, draw_index)
-
     def draw_keys(draw_index):
         return rng.split_key(rng.fold_in(key, draw_index), chains)
 
-    def advance_with_noise(states, noise, _):
-        states, draws, stats = jax.vmap(draw_step)(noise, states)
+    def advance(states, step_inputs):
+        """One draw of every chain; ``step_inputs``: the chains' keys, or their random
+        numbers (``draw_noise``)."""
+        states, draws, stats = jax.vmap(draw_step)(step_inputs, states)
         finite = jnp.all(jnp.isfinite(draws), axis=-1) & jnp.all(
             jnp.abs(draws) < divergence_threshold, axis=-1
         )
         return states, (draws, stats, finite)
 
-    guarded_with_noise = skip_past_end(advance_with_noise)
+    def advance_before_end(states, step_inputs, draw_index):
+        """:func:`advance` for draws before ``total``; past it the states are kept and the
+        outputs are placeholders (dropped on the host)."""
+        placeholder = jax.eval_shape(advance, states, step_inputs)[1]
+
+        def skip(states, _):
+            return states, jax.tree_util.tree_map(
+                lambda leaf: jnp.ones(leaf.shape, leaf.dtype), placeholder)
+
+        return jax.lax.cond(draw_index < total, advance, skip, states, step_inputs)
+
+    def one_draw(states, draw_index):
+        return advance_before_end(states, draw_keys(draw_index), draw_index)
 
     def one_draw_with(states, inputs):
         noise, draw_index = inputs
-        return guarded_with_noise(states, noise, draw_index)
+        return advance_before_end(states, noise, draw_index)
 
     def noise_block(states, indices):
         noise = jax.vmap(lambda i: jax.vmap(draw_noise)(draw_keys(i)))(indices)

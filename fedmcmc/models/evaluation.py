@@ -52,13 +52,14 @@ def log_likelihood_matrix(
 
     block = _block_for(model)
     batch_size = max(1, min(int(batch_size), n))
+    rows = jax.tree_util.tree_map(np.asarray, rows)  # on the host once, sliced per block
     pieces = []
     for start in range(0, n, batch_size):
         # every block has batch_size rows (the last one padded with copies of its first row,
         # whose values are dropped), so one compiled program serves the whole call
         stop = min(start + batch_size, n)
         take = np.concatenate([np.arange(start, stop), np.full(batch_size - (stop - start), start)])
-        batch = jax.tree_util.tree_map(lambda leaf: jnp.asarray(np.asarray(leaf)[take]), rows)
+        batch = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf[take]), rows)
         pieces.append(np.asarray(block(flat, batch), dtype=np.float64)[:, : stop - start])
     return np.concatenate(pieces, axis=1).reshape(chains, draws, n)
 

@@ -129,10 +129,13 @@ def run(out_dir: Path, quick: bool) -> None:
                                     surrogate_burn_in=200 if quick else 1000)
                 fitted = {}
                 result, note = _sample(fm, model, federation, factory, init, kwargs, fitted)
-                # the surrogate step defaults to the sampler's h (FSGLD.surrogate_step_size=None)
+                paper = factory("sgld", None)  # the settings the "sgld" surrogates were fitted with
                 diagnosis[setting] = _surrogate_diagnosis(
-                    fitted["sgld"][0], federation.weights, step_size=1e-4, local_steps=local_steps,
-                    fit_step=1e-4, fit_draws=500 if quick else 3000)
+                    fitted["sgld"][0], federation.weights, step_size=paper.step_size,
+                    local_steps=paper.local_steps,
+                    # the surrogate step defaults to the sampler's h (surrogate_step_size=None)
+                    fit_step=paper.surrogate_step_size or paper.step_size,
+                    fit_draws=paper.surrogate_draws)
             notes[(method, setting)] = note
             if result is None:  # every attempt diverged
                 for part in ("train", "test"):
