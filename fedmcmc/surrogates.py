@@ -348,7 +348,7 @@ def _warn_if_unmixed(median_ess: np.ndarray, draws: int) -> None:
     """Warn when clients' SGLD chains mixed poorly. The fitted precision is then set by the
     chain's length rather than by the likelihood (an unmixed chain of K steps of size h
     spreads about sqrt(h K) whatever the target: precision x h x K ~ 9 measured on FSGLD's
-    Table 1 MLP, about 1,000x the likelihood's curvature), and FSGLD's conducive term,
+    Table 1 MLP: ``fedmcmc reproduce fsgld-table1``), and FSGLD's conducive term,
     which multiplies differences of these precisions by 1/f_s, can dominate the estimator
     and repel the chain."""
     poor = np.nonzero(median_ess < SGLD_MIN_ESS)[0]

@@ -205,7 +205,7 @@ def run(out_dir: Path, quick: bool) -> None:
              "a precision-weighted average of weights that is itself a poor network. The paper's "
              "shards hold 90,000 rows, whose likelihood curvature is a few hundred times larger. "
              "Lower alpha (0.1) or a surrogate step 10x larger help only by making FSGLD closer "
-             "to DSGLD (measured: neither beats DSGLD here), and DSGLD itself does not show the "
+             "to DSGLD (measured once outside this reproduction, at --quick size: neither beat DSGLD), and DSGLD itself does not show the "
              "paper's non-IID failure on this data.")
     write_readme(
         out_dir, name=NAME, quick=quick, seconds=clock(), table=table,
