@@ -65,7 +65,7 @@ CONFIG = {
 }
 
 #: info entries that measure this process's wall time or describe the interruption
-VOLATILE = {"wall_time", "ess_per_second", "interrupted", "resumed_at_draw", "start_draw",
+VOLATILE = {"wall_time", "seconds_per_iteration", "ess_per_second", "interrupted", "resumed_at_draw", "start_draw",
             "agent_samples", "agent_samples_first_draw"}
 
 

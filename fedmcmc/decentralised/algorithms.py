@@ -291,6 +291,8 @@ class _Decentralised(Algorithm):
         }
         info.update(topo.describe())
         gamma = self._gamma()
+        if run.seconds_per_draw is not None:  # steady state, compilation excluded
+            info["seconds_per_iteration"] = run.seconds_per_draw / thin
         if gamma is not None:
             info["gamma"] = gamma
         if self.keep_agent_samples:

@@ -15,6 +15,7 @@ resume exact. (``fedmcmc.rng``: ``jax.random``'s keys bit for bit, hash unrolled
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -28,7 +29,7 @@ from .. import rng
 
 PyTree = Any
 
-__all__ = ["ChainRun", "run_chains", "default_chunk_size"]
+__all__ = ["ChainRun", "run_chains", "default_chunk_size", "compiler_options"]
 
 
 class ChainRun(NamedTuple):
@@ -43,10 +44,40 @@ class ChainRun(NamedTuple):
     draws_done: int  # global draws completed (burn-in included)
     interrupted: bool
     wall_time: float
+    # draws and seconds of the chunks after the first (which also compiles the program):
+    # the steady-state speed, ``None`` when the run fitted in one chunk
+    steady_draws: int = 0
+    steady_time: float = 0.0
+
+    @property
+    def seconds_per_draw(self) -> Optional[float]:
+        """Wall time per draw (all chains together) once compiled; ``None`` if unmeasured."""
+        return self.steady_time / self.steady_draws if self.steady_draws else None
+
+
+# XLA's CPU compiler splits a fused loop into tasks on its intra-op thread pool when a cost
+# model deems the loop large. The model charges a minibatch gather the size of the whole
+# array it gathers from (every client's data), so on a 2-core machine each step of a single
+# FSGLD chain paid ~1.5 us of thread hand-off to copy 50 rows (`bench_overheads.py`). With
+# many chains the vmapped loops really are large and the split pays off: measured on the
+# logistic benchmark, splitting is slower up to 4 chains and faster from 8.
+SPLIT_LOOPS_MIN_CHAINS = 8
+
+
+def compiler_options(chains: int) -> Dict[str, Any]:
+    """XLA options of the run's compiled program: without intra-op splitting of fused loops
+    below :data:`SPLIT_LOOPS_MIN_CHAINS` chains on CPU (the draws are the same either way)."""
+    if chains < SPLIT_LOOPS_MIN_CHAINS and jax.default_backend() == "cpu":
+        return {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
+    return {}
 
 
 def default_chunk_size(total_draws: int, target_chunks: int = 20) -> int:
-    return max(1, math.ceil(total_draws / target_chunks))
+    """About ``total_draws / target_chunks``, balanced so that the last chunk's padding
+    (draws past the end, computed and dropped) is below the number of chunks."""
+    size = max(1, math.ceil(total_draws / target_chunks))
+    chunks = max(1, math.ceil(total_draws / size))
+    return max(1, math.ceil(total_draws / chunks))
 
 
 def _progress(enabled: bool, label: str, total: int):
@@ -126,10 +157,7 @@ def run_chains(
         dominates a small model's update on CPU.
     """
     total = burn_in + num_samples
-    chunk_size = chunk_size or default_chunk_size(total)
-    # Every chunk has the same length, so the chunk is compiled once: the last chunk of a
-    # run whose length is not a multiple of chunk_size runs its draws past ``total`` as
-    # no-ops (``lax.cond`` on the draw index) instead of compiling a shorter program.
+    chunk_size = chunk_size or default_chunk_size(total - start_draw)
     chunk_size = max(1, min(chunk_size, total - start_draw))
     chains = jax.tree_util.tree_leaves(initial_states)[0].shape[0]
     if progress is None:
@@ -147,49 +175,55 @@ def run_chains(
         )
         return states, (draws, stats, finite)
 
-    def advance_before_end(states, step_inputs, draw_index):
-        """:func:`advance` for draws before ``total``; past it the states are kept and the
-        outputs are placeholders (dropped on the host)."""
-        placeholder = jax.eval_shape(advance, states, step_inputs)[1]
-
-        def skip(states, _):
-            return states, jax.tree_util.tree_map(
-                lambda leaf: jnp.ones(leaf.shape, leaf.dtype), placeholder)
-
-        return jax.lax.cond(draw_index < total, advance, skip, states, step_inputs)
-
-    def one_draw(states, draw_index):
-        return advance_before_end(states, draw_keys(draw_index), draw_index)
-
-    def one_draw_with(states, inputs):
-        noise, draw_index = inputs
-        return advance_before_end(states, noise, draw_index)
-
-    def noise_block(states, indices):
-        noise = jax.vmap(lambda i: jax.vmap(draw_noise)(draw_keys(i)))(indices)
-        return jax.lax.scan(one_draw_with, states, (noise, indices))
+    def record(buffers, position, outputs):
+        return jax.tree_util.tree_map(
+            lambda buffer, value: jax.lax.dynamic_update_index_in_dim(buffer, value, position, 0),
+            buffers, outputs)
 
     if draw_noise is not None:
         one_chain_noise = jax.eval_shape(draw_noise, jax.random.key(0))
         per_draw = chains * sum(
             int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
             for leaf in jax.tree_util.tree_leaves(one_chain_noise))
-        block = max(1, int(noise_block_bytes // max(per_draw, 1)))
+        block = min(chunk_size, max(1, int(noise_block_bytes // max(per_draw, 1))))
 
-    @jax.jit
-    def run_chunk(states, draw_indices):
+    # Every chunk is the same compiled program: the number of draws it makes (``count``,
+    # at most ``chunk_size``; fewer in a run's last chunk) is an argument, the trip count
+    # of its loops, and the outputs have ``chunk_size`` rows of which the first ``count``
+    # are filled. (A fixed-length scan that skips the extra draws needs a conditional or
+    # a select per draw, which on CPU cost more than a small model's whole update.)
+    @functools.partial(jax.jit, compiler_options=compiler_options(chains))
+    def run_chunk(states, first_draw, count):
+        inputs = draw_keys(first_draw) if draw_noise is None else jax.vmap(draw_noise)(
+            draw_keys(first_draw))
+        shapes = jax.eval_shape(advance, states, inputs)[1]
+        buffers = jax.tree_util.tree_map(
+            lambda leaf: jnp.zeros((chunk_size,) + leaf.shape, leaf.dtype), shapes)
+
         if draw_noise is None:
-            return jax.lax.scan(one_draw, states, draw_indices)
-        n = draw_indices.shape[0]
-        size = min(block, n)
-        full, rest = divmod(n, size)
-        head = draw_indices[: full * size].reshape(full, size)
-        states, out = jax.lax.scan(noise_block, states, head)
-        out = jax.tree_util.tree_map(lambda a: a.reshape((full * size,) + a.shape[2:]), out)
-        if rest:
-            states, tail = noise_block(states, draw_indices[full * size:])
-            out = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), out, tail)
-        return states, out
+            def one_draw(i, carry):
+                states, buffers = carry
+                states, outputs = advance(states, draw_keys(first_draw + i))
+                return states, record(buffers, i, outputs)
+
+            return jax.lax.fori_loop(0, count, one_draw, (states, buffers))
+
+        def one_block(b, carry):
+            # the random numbers of a block of draws and all chains in one batched call
+            start = b * block
+            noise = jax.vmap(lambda i: jax.vmap(draw_noise)(draw_keys(first_draw + start + i)))(
+                jnp.arange(block, dtype=jnp.int32))
+
+            def one_draw(j, carry):
+                states, buffers = carry
+                inputs = jax.tree_util.tree_map(lambda leaf: leaf[j], noise)
+                states, outputs = advance(states, inputs)
+                return states, record(buffers, start + j, outputs)
+
+            return jax.lax.fori_loop(0, jnp.minimum(block, count - start), one_draw, carry)
+
+        blocks = (count + block - 1) // block
+        return jax.lax.fori_loop(0, blocks, one_block, (states, buffers))
 
     states = initial_states
     kept_draws, kept_stats = [], []
@@ -198,15 +232,16 @@ def run_chains(
     bad_stats: Dict[str, np.ndarray] = {}
     interrupted = False
     done = start_draw
+    steady_draws, steady_time, chunks_run = 0, 0.0, 0
     bar = _progress(progress, label, total)
     started = time.perf_counter()
     try:
         while done < total:
             n = min(chunk_size, total - done)
-            indices = jnp.arange(done, done + chunk_size, dtype=jnp.int32)
             chunk_start = time.perf_counter()
             try:
-                new_states, (draws, stats, finite) = run_chunk(states, indices)
+                new_states, (draws, stats, finite) = run_chunk(
+                    states, jnp.int32(done), jnp.int32(n))
                 draws = np.array(draws[:n])  # (n, chains, dim), writable
                 finite = np.asarray(finite[:n])  # (n, chains)
             except KeyboardInterrupt:
@@ -241,6 +276,10 @@ def run_chains(
                     )
             states = new_states
             done += n
+            chunks_run += 1
+            if chunks_run > 1:
+                steady_draws += n
+                steady_time += time.perf_counter() - chunk_start
             if on_chunk is not None:
                 on_chunk(states, done)
             if bar is not None:
@@ -272,4 +311,6 @@ def run_chains(
         draws_done=done,
         interrupted=interrupted,
         wall_time=time.perf_counter() - started,
+        steady_draws=steady_draws,
+        steady_time=steady_time,
     )

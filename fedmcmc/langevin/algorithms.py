@@ -122,6 +122,9 @@ class _LangevinAlgorithm(Algorithm):
             interrupted=run.interrupted,
             dim=flat_model.dim,
         )
+        if run.seconds_per_draw is not None:
+            # steady-state speed, compilation excluded (chunks after the first)
+            info["seconds_per_iteration"] = run.seconds_per_draw / thin
         if start_draw:
             info["start_draw"] = int(start_draw)
         if client_aware:
