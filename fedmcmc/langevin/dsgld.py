@@ -23,12 +23,20 @@ __all__ = ["FederatedChainState", "init", "build_kernel", "build_federated_kerne
 
 
 class FederatedChainState(NamedTuple):
+    """A chain handed between clients. Visits start at the iterations that are multiples
+    of ``local_steps``, so the local step within a visit is ``iteration % local_steps``
+    and the number of visits started is ``visits.sum()`` (:attr:`rounds`): neither is
+    stored, as every stored counter costs a separate operation per update on CPU."""
+
     position: jax.Array  # flat theta
     client: jax.Array  # int32, the client the chain is on
-    steps_on_client: jax.Array  # int32, local steps taken in the current visit
     iteration: jax.Array  # int32, t (total updates)
-    rounds: jax.Array  # int32, visits started
     visits: jax.Array  # (S,) int32, visits per client
+
+    @property
+    def rounds(self) -> jax.Array:
+        """Visits started (rounds of communication)."""
+        return jnp.sum(self.visits, axis=-1)
 
 
 def init(position: jax.Array, num_clients: int) -> FederatedChainState:
@@ -36,11 +44,23 @@ def init(position: jax.Array, num_clients: int) -> FederatedChainState:
     return FederatedChainState(
         position=position,
         client=zero,
-        steps_on_client=zero,
         iteration=zero,
-        rounds=zero,
         visits=jnp.zeros((num_clients,), jnp.int32),
     )
+
+
+# Up to this many clients a visit is counted with a one-hot comparison over all clients,
+# one fused operation; a scatter into the counts took three separate ones per update on
+# CPU (index padding, slicing, update). Beyond it the scatter's O(1) work wins.
+ONE_HOT_VISIT_MAX_CLIENTS = 64
+
+
+def count_visit(visits, client, new_visit):
+    """``visits`` with ``client``'s count increased by one when ``new_visit``."""
+    if visits.shape[-1] <= ONE_HOT_VISIT_MAX_CLIENTS:
+        hit = (jnp.arange(visits.shape[-1], dtype=jnp.int32) == client) & new_visit
+        return visits + hit.astype(visits.dtype)
+    return visits.at[client].add(new_visit.astype(visits.dtype))
 
 
 def build_federated_kernel(
@@ -65,7 +85,7 @@ def build_federated_kernel(
     cumulative_weights = jnp.cumsum(client_weights)
 
     def apply(random: StepNoise, state: FederatedChainState) -> FederatedChainState:
-        new_visit = state.steps_on_client == 0
+        new_visit = state.iteration % local_steps == 0
         client = jnp.where(new_visit, client_from_uniform(random.client, cumulative_weights),
                            state.client)
         batch, client_size = minibatch_from_uniforms(random.batch, data, client)
@@ -75,14 +95,11 @@ def build_federated_kernel(
             position = langevin_move(state.position, gradient, h, random.normal)
         else:
             position = state.position + 0.5 * h * gradient
-        visit_increment = new_visit.astype(jnp.int32)
         return FederatedChainState(
             position=position,
             client=client,
-            steps_on_client=(state.steps_on_client + 1) % local_steps,
             iteration=state.iteration + 1,
-            rounds=state.rounds + visit_increment,
-            visits=state.visits.at[client].add(visit_increment),
+            visits=count_visit(state.visits, client, new_visit),
         )
 
     def noise_of(key: jax.Array) -> StepNoise:

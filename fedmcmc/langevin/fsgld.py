@@ -31,7 +31,7 @@ from ..federation import ConcatenatedData
 from ..model import FlatModel
 from ..surrogates import GaussianSurrogates, ProductSurrogate
 from .dsgld import build_federated_kernel
-from .estimators import conducive_gradient, dsgld_gradient
+from .estimators import conducive_gradient_from_terms, conducive_terms, dsgld_gradient, matvec
 
 __all__ = ["alpha_schedule", "build_kernel"]
 
@@ -39,7 +39,7 @@ __all__ = ["alpha_schedule", "build_kernel"]
 def alpha_schedule(alpha: float, warmup_iterations: int) -> Callable:
     """alpha_t = alpha * min(1, t / warmup_iterations): the ramp of Remark 1's constant."""
     if warmup_iterations <= 0:
-        return lambda t: jnp.asarray(alpha, jnp.float32) + 0.0 * t
+        return lambda t: jnp.full(jnp.shape(t), alpha, jnp.float32)
     return lambda t: alpha * jnp.minimum(1.0, t.astype(jnp.float32) / warmup_iterations)
 
 
@@ -94,13 +94,14 @@ def trust_damping(theta, base, conducive, region: TrustRegion):
     modification acts almost only during the transient.
     """
     delta = theta - region.center
+    # products written as multiply-and-sum (fused with the update; see estimators.matvec)
     if region.precision.ndim == 1:
         distance2 = jnp.sum(region.precision * delta**2)
     else:
-        distance2 = delta @ (region.precision @ delta)
+        distance2 = jnp.sum(delta * matvec(region.precision, delta))
     outside = distance2 > region.radius**2
-    outward_base = jnp.dot(base, delta)
-    outward_conducive = jnp.dot(conducive, delta)
+    outward_base = jnp.sum(base * delta)
+    outward_conducive = jnp.sum(conducive * delta)
     pushes_out = (outward_conducive > 0) & (outward_base + outward_conducive > 0)
     partial = jnp.clip(-outward_base / jnp.where(outward_conducive > 0, outward_conducive, 1.0), 0.0, 1.0)
     return jnp.where(outside & pushes_out, partial, 1.0)
@@ -122,15 +123,17 @@ def build_kernel(
     """The FSGLD update (5) with the exploration constant alpha of equation (7).
 
     ``alpha(t)`` is the (possibly ramped) constant; with a ``trust_region`` the
-    conducive gradient is further scaled by :func:`trust_damping`.
+    conducive gradient is further scaled by :func:`trust_damping`. The clients' g_s are
+    precomputed as affine maps (``estimators.conducive_terms``): one matrix-vector product
+    per step, whatever the number of clients.
     """
+    terms = conducive_terms(surrogates, global_surrogate, client_weights)
 
     def estimator(theta, batch, client, client_size, iteration):
         f_s = client_weights[client]
         base = dsgld_gradient(flat_model, theta, batch, client_size, batch_size, f_s)
-        conducive = alpha(iteration).astype(theta.dtype) * conducive_gradient(
-            theta, client, f_s, surrogates, global_surrogate
-        )
+        conducive = alpha(iteration).astype(theta.dtype) * conducive_gradient_from_terms(
+            theta, client, terms)
         if trust_region is not None:
             conducive = trust_damping(theta, base, conducive, trust_region).astype(theta.dtype) * conducive
         return base + conducive

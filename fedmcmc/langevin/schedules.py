@@ -19,7 +19,8 @@ def constant(step_size: float) -> Callable:
     """h_t = step_size."""
     if not step_size > 0:
         raise ValueError(f"step_size must be positive, got {step_size}")
-    return lambda t: jnp.asarray(step_size, dtype=jnp.float32) + 0.0 * t
+    # a constant XLA can fold (h_t + 0 * t is not folded: it cost a fused op per step)
+    return lambda t: jnp.full(jnp.shape(t), step_size, dtype=jnp.float32)
 
 
 def polynomial(a: float, b: float = 1.0, gamma: float = 0.55) -> Callable:
