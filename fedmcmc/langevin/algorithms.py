@@ -81,7 +81,7 @@ class _LangevinAlgorithm(Algorithm):
             return jax.vmap(step.noise)(rng.split_key(key, thin))
 
         def draw_step(noise, state):
-            state, _ = jax.lax.scan(lambda s, z: (step.apply(z, s), None), state, noise)
+            state = sgld.run_updates(step, noise, state)
             stats = {}
             if client_aware:
                 stats = {"client": state.client, "round": state.rounds}

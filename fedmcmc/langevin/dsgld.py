@@ -19,7 +19,8 @@ from ..model import FlatModel
 from .estimators import client_from_uniform, dsgld_gradient, minibatch_from_uniforms
 from .sgld import LangevinStep, StepNoise, langevin_move, step_noise
 
-__all__ = ["FederatedChainState", "init", "build_kernel", "build_federated_kernel"]
+__all__ = ["FederatedChainState", "VisitInputs", "init", "assign_clients", "build_kernel",
+           "build_federated_kernel"]
 
 
 class FederatedChainState(NamedTuple):
@@ -49,18 +50,44 @@ def init(position: jax.Array, num_clients: int) -> FederatedChainState:
     )
 
 
-# Up to this many clients a visit is counted with a one-hot comparison over all clients,
-# one fused operation; a scatter into the counts took three separate ones per update on
-# CPU (index padding, slicing, update). Beyond it the scatter's O(1) work wins.
+class VisitInputs(NamedTuple):
+    """One update's inputs once its client is known (``prepare`` of the federated kernel)."""
+
+    client: jax.Array  # int32, the client the update runs on
+    batch: jax.Array  # (batch_size,) uniforms on [0, 1): the minibatch rows
+    normal: jax.Array  # (d,) standard normal: the Langevin noise
+
+
+# Up to this many clients visits are counted with a one-hot comparison, one fused
+# operation; beyond it a scatter-add, whose work does not grow with the number of clients.
 ONE_HOT_VISIT_MAX_CLIENTS = 64
 
 
-def count_visit(visits, client, new_visit):
-    """``visits`` with ``client``'s count increased by one when ``new_visit``."""
+def count_visits(visits, clients, new_visit):
+    """``visits`` plus one for each update of the block that starts a visit, at its client."""
+    starts = new_visit.astype(visits.dtype)
     if visits.shape[-1] <= ONE_HOT_VISIT_MAX_CLIENTS:
-        hit = (jnp.arange(visits.shape[-1], dtype=jnp.int32) == client) & new_visit
-        return visits + hit.astype(visits.dtype)
-    return visits.at[client].add(new_visit.astype(visits.dtype))
+        one_hot = clients[:, None] == jnp.arange(visits.shape[-1], dtype=clients.dtype)
+        return visits + jnp.sum(one_hot * starts[:, None], axis=0, dtype=visits.dtype)
+    return visits.at[clients].add(starts)
+
+
+def assign_clients(uniforms, iteration, current_client, visits, cumulative_weights,
+                   local_steps: int):
+    """The scheduler of equation (3) for a block of consecutive updates, vectorised.
+
+    Update t of the block (iteration ``iteration + t``) starts a visit when its iteration
+    is a multiple of ``local_steps``; the visit's client is drawn with probability f_s from
+    that update's uniform, and the updates until the next start stay on it. Updates
+    before the block's first start stay on ``current_client``. Returns the clients of
+    the block's updates, the client after the block and the visit counts after it.
+    """
+    steps = jnp.arange(uniforms.shape[0], dtype=jnp.int32)
+    new_visit = (iteration + steps) % local_steps == 0
+    drawn = client_from_uniform(uniforms, cumulative_weights)
+    last_start = jax.lax.cummax(jnp.where(new_visit, steps, -1))
+    clients = jnp.where(last_start >= 0, drawn[jnp.maximum(last_start, 0)], current_client)
+    return clients, clients[-1], count_visits(visits, drawn, new_visit)
 
 
 def build_federated_kernel(
@@ -75,8 +102,10 @@ def build_federated_kernel(
     dtype=jnp.float32,
 ):
     """One update (3) of a chain handed between clients, as a :class:`~.sgld.LangevinStep`
-    (``step(key, state)``, or ``noise``/``apply`` for bulk random numbers).
+    (``step(key, state)``, or ``noise``/``prepare``/``apply`` for blocks of updates).
 
+    ``prepare`` runs the scheduler for a block of updates at once (:func:`assign_clients`);
+    ``apply`` is the update itself, on the client it is given.
     ``estimator(theta, batch, client, client_size, iteration)`` returns the
     gradient estimate v_s(theta) (+ g_s for FSGLD); ``dim``/``dtype``: the flat parameter's.
     """
@@ -84,28 +113,27 @@ def build_federated_kernel(
         raise ValueError("dim (the flat parameter's length) is required")
     cumulative_weights = jnp.cumsum(client_weights)
 
-    def apply(random: StepNoise, state: FederatedChainState) -> FederatedChainState:
-        new_visit = state.iteration % local_steps == 0
-        client = jnp.where(new_visit, client_from_uniform(random.client, cumulative_weights),
-                           state.client)
-        batch, client_size = minibatch_from_uniforms(random.batch, data, client)
-        gradient = estimator(state.position, batch, client, client_size, state.iteration)
+    def prepare(noises: StepNoise, state: FederatedChainState):
+        clients, client, visits = assign_clients(
+            noises.client, state.iteration, state.client, state.visits, cumulative_weights,
+            local_steps)
+        inputs = VisitInputs(client=clients, batch=noises.batch, normal=noises.normal)
+        return inputs, state._replace(client=client, visits=visits)
+
+    def apply(inputs: VisitInputs, state: FederatedChainState) -> FederatedChainState:
+        batch, client_size = minibatch_from_uniforms(inputs.batch, data, inputs.client)
+        gradient = estimator(state.position, batch, inputs.client, client_size, state.iteration)
         h = schedule(state.iteration)
         if noise:
-            position = langevin_move(state.position, gradient, h, random.normal)
+            position = langevin_move(state.position, gradient, h, inputs.normal)
         else:
             position = state.position + 0.5 * h * gradient
-        return FederatedChainState(
-            position=position,
-            client=client,
-            iteration=state.iteration + 1,
-            visits=count_visit(state.visits, client, new_visit),
-        )
+        return state._replace(position=position, iteration=state.iteration + 1)
 
     def noise_of(key: jax.Array) -> StepNoise:
         return step_noise(key, batch_size, dim, dtype, cumulative_weights.dtype)
 
-    return LangevinStep(noise=noise_of, apply=apply)
+    return LangevinStep(noise=noise_of, apply=apply, prepare=prepare)
 
 
 def build_kernel(

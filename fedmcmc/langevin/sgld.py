@@ -6,7 +6,7 @@ BlackJAX's ``sgld`` writes ``theta + eps grad + N(0, 2 eps)``: eps = h / 2.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +15,8 @@ from .. import rng
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 
-__all__ = ["SGLDState", "StepNoise", "LangevinStep", "init", "langevin_update", "build_kernel"]
+__all__ = ["SGLDState", "StepNoise", "LangevinStep", "run_updates", "init", "langevin_update",
+           "build_kernel"]
 
 
 class SGLDState(NamedTuple):
@@ -37,19 +38,43 @@ class StepNoise(NamedTuple):
 
 
 class LangevinStep(NamedTuple):
-    """A BlackJAX-style kernel ``step(key, state) -> state`` split in two pure functions:
-    ``noise(key) -> StepNoise`` and ``apply(noise, state) -> state``.
+    """A BlackJAX-style kernel ``step(key, state) -> state`` split in pure functions:
+    ``noise(key) -> StepNoise``, ``prepare(noises, state) -> (inputs, state)`` and
+    ``apply(input, state) -> state``.
 
-    ``step(key, state) == apply(noise(key), state)``; the engine calls ``noise`` on many
-    keys at once (one batched PRNG call per block of draws instead of three small ones per
-    update, which dominate a small model's step on CPU) and scans ``apply``.
+    ``noise`` draws an update's random numbers; the engine calls it on many keys at once
+    (one batched PRNG call per block of draws instead of three small ones per update,
+    which dominate a small model's step on CPU). ``prepare`` turns the random numbers of
+    a block of consecutive updates (leading axis) into their ``apply`` inputs, vectorised
+    over the block, and returns the state with everything except the position and the
+    iteration counter advanced to the end of the block (for federated chains: which
+    client each update runs on, and the visit counts). ``apply`` is the sequential part,
+    scanned. ``None`` for ``prepare`` means the inputs are the random numbers themselves.
+
+    Keeping the per-update bookkeeping out of the scanned ``apply`` matters on CPU: XLA
+    runs a loop body of at most 8 operations sequentially, a longer one through a
+    dependency-graph executor that costs ~0.6 us more per update (measured on the
+    logistic FSGLD benchmark: 1.2 against 1.8 us per update).
+
+    ``step(key, state)`` runs one update: :func:`run_updates` on a block of one.
     """
 
     noise: Callable
     apply: Callable
+    prepare: Optional[Callable] = None
 
     def __call__(self, key, state):
-        return self.apply(self.noise(key), state)
+        block = jax.tree_util.tree_map(lambda leaf: leaf[None], self.noise(key))
+        return run_updates(self, block, state)
+
+
+def run_updates(step: LangevinStep, noises, state):
+    """The updates whose random numbers are ``noises`` (leading axis: consecutive updates)."""
+    inputs = noises
+    if step.prepare is not None:
+        inputs, state = step.prepare(noises, state)
+    state, _ = jax.lax.scan(lambda s, z: (step.apply(z, s), None), state, inputs)
+    return state
 
 
 def step_noise(key, batch_size: int, dim: int, dtype, client_dtype=jnp.float32) -> StepNoise:
