@@ -58,9 +58,10 @@ class ChainRun(NamedTuple):
 # XLA's CPU compiler splits a fused loop into tasks on its intra-op thread pool when a cost
 # model deems the loop large. The model charges a minibatch gather the size of the whole
 # array it gathers from (every client's data), so on a 2-core machine each step of a single
-# FSGLD chain paid ~1.5 us of thread hand-off to copy 50 rows (`bench_overheads.py`). With
-# many chains the vmapped loops really are large and the split pays off: measured on the
-# logistic benchmark, splitting is slower up to 4 chains and faster from 8.
+# chain paid ~0.8 us of thread hand-off to copy 50 rows (a hand-written SGLD step: 1.73 us
+# split, 0.91 us not). With many chains the vmapped loops really are large and the split pays
+# off: on the logistic FSGLD benchmark splitting was slower up to 4 chains and faster from 8
+# (`benchmarks/bench_overheads.py` measures both).
 SPLIT_LOOPS_MIN_CHAINS = 8
 
 
@@ -169,7 +170,15 @@ def run_chains(
     def advance(states, step_inputs):
         """One draw of every chain; ``step_inputs``: the chains' keys, or their random
         numbers (``draw_noise``)."""
-        states, draws, stats = jax.vmap(draw_step)(step_inputs, states)
+        if chains == 1:
+            # not vmapped: a batch axis of one still turned a small model's matrix-vector
+            # products into batched ones with layout changes around them, two extra
+            # operations per update in the compiled loop (same numbers either way)
+            first = lambda tree: jax.tree_util.tree_map(lambda leaf: leaf[0], tree)  # noqa: E731
+            stacked = lambda tree: jax.tree_util.tree_map(lambda leaf: leaf[None], tree)  # noqa: E731
+            states, draws, stats = stacked(draw_step(first(step_inputs), first(states)))
+        else:
+            states, draws, stats = jax.vmap(draw_step)(step_inputs, states)
         finite = jnp.all(jnp.isfinite(draws), axis=-1) & jnp.all(
             jnp.abs(draws) < divergence_threshold, axis=-1
         )

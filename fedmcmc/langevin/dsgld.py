@@ -83,9 +83,12 @@ def assign_clients(uniforms, iteration, current_client, visits, cumulative_weigh
     the block's updates, the client after the block and the visit counts after it.
     """
     steps = jnp.arange(uniforms.shape[0], dtype=jnp.int32)
-    new_visit = (iteration + steps) % local_steps == 0
+    iterations = iteration + steps
+    new_visit = iterations % local_steps == 0
     drawn = client_from_uniform(uniforms, cumulative_weights)
-    last_start = jax.lax.cummax(jnp.where(new_visit, steps, -1))
+    # position in the block of the latest visit start at or before each update (visits
+    # start every local_steps iterations); negative: the visit began before the block
+    last_start = iterations - iterations % local_steps - iteration
     clients = jnp.where(last_start >= 0, drawn[jnp.maximum(last_start, 0)], current_client)
     return clients, clients[-1], count_visits(visits, drawn, new_visit)
 
