@@ -18,6 +18,7 @@ Run:  python benchmarks/bench_langevin.py [--steps N] [--quick]
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -26,6 +27,7 @@ import numpy as np
 
 import fedmcmc as fm
 from fedmcmc import surrogates
+from fedmcmc.engines import local
 from fedmcmc.langevin import dsgld, fsgld, sgld
 from fedmcmc.langevin.schedules import constant
 
@@ -58,21 +60,27 @@ def log_likelihood(w, row):
 MODEL = fm.Model(log_prior=log_prior, log_likelihood=log_likelihood)
 
 
-def time_scan(step, state, steps, repeats=5, check_finite=None):
-    """Median seconds per step of ``step(key, state) -> state`` in a jitted scan.
+def time_scan(step, state, steps, repeats=5, check_finite=None, options=None):
+    """Seconds per step of ``step(key, state) -> state`` in a jitted scan: the fastest of
+    ``repeats`` runs (timeit's rule; on a shared machine the slower runs measure the
+    neighbours).
 
-    A fedmcmc kernel (``LangevinStep``) is timed as ``fm.sample`` runs it: the random
-    numbers of all steps drawn in one batched call (``step.noise`` vmapped over the keys),
-    then ``step.apply`` scanned; any other step (BlackJAX's) draws its own per step.
-    ``check_finite(state)``: raise if the final state is not finite.
+    A fedmcmc kernel (``LangevinStep``) is timed as ``fm.sample`` runs a block of updates:
+    the random numbers of all steps drawn in one batched call (``step.noise`` vmapped over
+    the keys), the federated scheduler run on them vectorised (``step.prepare``), then
+    ``step.apply`` scanned (``sgld.run_updates``); ``fm.sample`` does this per kept draw
+    (``thin`` updates). Any other step (BlackJAX's) draws its own numbers per step.
+    ``check_finite(state)``: raise if the final state is not finite. ``options``: XLA
+    compiler options of the jitted loop (default: none, what a plain ``jax.jit`` gets);
+    fedmcmc's kernels are timed with ``engines.local.compiler_options(chains)``, the
+    options ``fm.sample`` compiles a run of that many chains with.
     """
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=options or {})
     def run(state, key):
         keys = jax.random.split(key, steps)
         if hasattr(step, "noise") and hasattr(step, "apply"):
-            noise = jax.vmap(step.noise)(keys)
-            return jax.lax.scan(lambda s, z: (step.apply(z, s), None), state, noise)[0]
+            return sgld.run_updates(step, jax.vmap(step.noise)(keys), state)
         return jax.lax.scan(lambda s, k: (step(k, s), None), state, keys)[0]
 
     final = jax.block_until_ready(run(state, jax.random.key(0)))  # compile
@@ -83,7 +91,7 @@ def time_scan(step, state, steps, repeats=5, check_finite=None):
         started = time.perf_counter()
         jax.block_until_ready(run(state, jax.random.key(r + 1)))
         times.append(time.perf_counter() - started)
-    return float(np.median(times)) / steps
+    return float(np.min(times)) / steps
 
 
 def fedmcmc_kernels(federation):
@@ -176,9 +184,12 @@ def many_chains_per_chain_step(chains=256, steps=2000):
 
     vmapped = sgld.LangevinStep(
         noise=lambda key: jax.vmap(step.noise)(jax.random.split(key, chains)),
-        apply=lambda noise, states: jax.vmap(step.apply)(noise, states),
+        apply=lambda inputs, states: jax.vmap(step.apply)(inputs, states),
+        # noises of a block: (steps, chains, ...); states: (chains, ...)
+        prepare=lambda noises, states: jax.vmap(step.prepare, in_axes=(1, 0), out_axes=(1, 0))(
+            noises, states),
     )
-    return time_scan(vmapped, state, steps) / chains
+    return time_scan(vmapped, state, steps, options=local.compiler_options(chains)) / chains
 
 
 def main(argv=None):
@@ -192,32 +203,52 @@ def main(argv=None):
     federation = logistic_federation(10)
     kernels, fitted = fedmcmc_kernels(federation)
     finite = lambda state: bool(np.all(np.isfinite(np.asarray(state.position))))  # noqa: E731
-    times = {name: time_scan(step, state, steps, check_finite=finite)
+    one_chain = local.compiler_options(1)  # what fm.sample compiles a 1-chain run with
+    times = {name: time_scan(step, state, steps, check_finite=finite, options=one_chain)
              for name, (step, state) in kernels.items()}
     bj_step, bj_state = blackjax_sgld(federation)
-    times["blackjax_sgld"] = time_scan(bj_step, bj_state, steps)
+    times["blackjax_sgld"] = time_scan(bj_step, bj_state, steps)  # plain jax.jit
+    times["blackjax_sgld_same_options"] = time_scan(bj_step, bj_state, steps, options=one_chain)
 
     big = logistic_federation(1000)
     big_kernels, _ = fedmcmc_kernels(big)
-    times["fsgld_1000_clients"] = time_scan(*big_kernels["fsgld"], steps)
+    times["fsgld_1000_clients"] = time_scan(*big_kernels["fsgld"], steps, options=one_chain)
     del big, big_kernels
     # same 100,000 rows split in 10 or in 1,000 clients
     for clients, size in ((10, 10_000), (1000, 100)):
         kernels_fixed, _ = fedmcmc_kernels(logistic_federation(clients, size=size))
-        times[f"fsgld_{clients}x{size}"] = time_scan(*kernels_fixed["fsgld"], steps)
-    times["numpy_fsgld"] = numpy_fsgld(federation, fitted, min(steps, 5000))
+        times[f"fsgld_{clients}x{size}"] = time_scan(*kernels_fixed["fsgld"], steps, options=one_chain)
+    times["numpy_fsgld"] = float(np.min(
+        [numpy_fsgld(federation, fitted, min(steps, 5000), seed=r) for r in range(3)]))
+    # the whole of fm.sample (engine: draw recording, divergence check), one chain, a draw
+    # kept every iteration or every 10; steady state, compilation excluded
+    # (info["seconds_per_iteration"])
+    fsgld_bare = fm.FSGLD(step_size=STEP, batch_size=BATCH, local_steps=50, trust_radius=None)
+    for name, algorithm, thin in (
+        ("fm.sample SGLD", fm.SGLD(step_size=STEP, batch_size=BATCH), 1),
+        ("fm.sample FSGLD", fsgld_bare, 1),
+        ("fm.sample FSGLD thin 10", fsgld_bare, 10),
+    ):
+        result = fm.sample(MODEL, federation, algorithm, jnp.zeros(DIM),
+                           num_samples=10 * steps // thin, thin=thin, seed=0, progress=False)
+        times[name] = result.info["seconds_per_iteration"]
     per_chain = many_chains_per_chain_step(steps=max(200, steps // 10))
 
     print("\nper-step time (microseconds)")
     for name, value in times.items():
-        print(f"  {name:<22}{value * 1e6:>10.2f}")
+        print(f"  {name:<26}{value * 1e6:>10.2f}")
     print("\nratios (target in brackets)")
     print(f"  SGLD: BlackJAX / fedmcmc            {times['blackjax_sgld'] / times['sgld']:6.2f}  [>= 1]")
+    print(f"    (BlackJAX compiled with fedmcmc's options: "
+          f"{times['blackjax_sgld_same_options'] / times['sgld']:.2f})")
     print(f"  FSGLD / DSGLD                        {times['fsgld'] / times['dsgld']:6.2f}  [<= 1.2]")
     print(f"  FSGLD 1,000 / 10 clients, same data  {times['fsgld_1000x100'] / times['fsgld_10x10000']:6.2f}  [<= 1.2]")
     print(f"  FSGLD 1,000 x 1,000 / 10 x 1,000     {times['fsgld_1000_clients'] / times['fsgld']:6.2f}  "
           "(100x the data: memory, not clients)")
     print(f"  NumPy loop / fedmcmc FSGLD           {times['numpy_fsgld'] / times['fsgld']:6.1f}  [>= 20]")
+    print(f"    (NumPy loop / whole fm.sample FSGLD, a draw kept every iteration: "
+          f"{times['numpy_fsgld'] / times['fm.sample FSGLD']:.1f}; every 10th: "
+          f"{times['numpy_fsgld'] / times['fm.sample FSGLD thin 10']:.1f})")
     print(f"  256 vmapped chains: us per chain-step {per_chain * 1e6:6.3f}  [< 2]")
 
 

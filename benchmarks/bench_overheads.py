@@ -1,11 +1,21 @@
 """Fixed costs behind the README's Langevin and compilation figures, in one run.
 
 1. The minibatch gather in a single chain's step: a hand-written SGLD step for logistic
-   regression (d = 20, batch 50) in a jitted scan, once gathering random rows and once on
-   fixed rows (what is left of fedmcmc's single-chain step besides the gather).
-2. XLA compilation of one run's Langevin random numbers (13 draws x 2 chains x 5 updates,
+   regression (d = 20, batch 50) in a jitted scan, gathering random rows or on fixed rows,
+   compiled by a plain ``jax.jit`` and with the options ``fm.sample`` uses for a run of
+   fewer than 8 chains (``engines.local.compiler_options``: no intra-op splitting of
+   fused loops; XLA's cost model charges a gather the whole array it gathers from and
+   splits it over the thread pool, which costs more than the copy of 50 rows).
+2. Where the federated scheduler runs: the FSGLD kernel on the same problem with the
+   scheduler vectorised over a block of updates (``LangevinStep.prepare``, what
+   ``fm.sample`` does per kept draw) against the scheduler inside every update (a block
+   of one). On CPU, XLA runs a loop body of at most 8 operations sequentially and a
+   longer one through a dependency-graph executor with a higher cost per operation.
+   The same update vmapped over 1-32 chains, per chain-step, with and without the split:
+   where ``engines.local.SPLIT_LOOPS_MIN_CHAINS`` comes from.
+3. XLA compilation of one run's Langevin random numbers (13 draws x 2 chains x 5 updates,
    vmapped): ``jax.random`` against ``fedmcmc.rng`` (same numbers, checked).
-3. Wall time of a whole small ``fm.sample`` (Bayesian logistic regression with a pytree
+4. Wall time of a whole small ``fm.sample`` (Bayesian logistic regression with a pytree
    parameter, 3 clients, 2 chains, 250 draws): compilation plus sampling, per algorithm.
 
 Run:  python benchmarks/bench_overheads.py
@@ -13,6 +23,7 @@ Run:  python benchmarks/bench_overheads.py
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -21,7 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedmcmc as fm
-from fedmcmc import rng
+from fedmcmc import rng, surrogates
+from fedmcmc.engines import local
+from fedmcmc.langevin import dsgld, fsgld, sgld
+from fedmcmc.langevin.schedules import constant
 from fedmcmc.langevin.sgld import StepNoise, step_noise
 
 N, D, B, STEPS = 10_000, 20, 50, 20_000
@@ -32,7 +46,7 @@ def gather_cost():
     x_all = jnp.asarray(rs.normal(size=(N, D)).astype(np.float32))
     y_all = jnp.asarray((rs.random(N) < 0.5).astype(np.float32))
 
-    def make(gather):
+    def make(gather, options):
         def step(theta, z):
             u, noise = z
             rows = jnp.minimum((u * 1000).astype(jnp.int32), 999) + 3000
@@ -40,7 +54,7 @@ def gather_cost():
             grad = -theta + (N / B) * (x.T @ (y - jax.nn.sigmoid(x @ theta)))
             return theta + 1e-6 * grad + 1e-3 * noise, None
 
-        @jax.jit
+        @functools.partial(jax.jit, compiler_options=options)
         def run(theta, u, noise):
             return jax.lax.scan(step, theta, (u, noise))[0]
 
@@ -49,8 +63,11 @@ def gather_cost():
     u = jax.random.uniform(jax.random.key(0), (STEPS, B))
     noise = jax.random.normal(jax.random.key(1), (STEPS, D))
     out = {}
-    for name, gather in (("random rows (gather)", True), ("fixed rows", False)):
-        run = make(gather)
+    variants = (("random rows, jax.jit", True, {}),
+                ("random rows, fm.sample's", True, local.compiler_options(1)),
+                ("fixed rows, jax.jit", False, {}))
+    for name, gather, options in variants:
+        run = make(gather, options)
         jax.block_until_ready(run(jnp.zeros(D), u, noise))
         times = []
         for _ in range(5):
@@ -58,6 +75,85 @@ def gather_cost():
             jax.block_until_ready(run(jnp.zeros(D), u, noise))
             times.append(time.perf_counter() - started)
         out[name] = min(times) / STEPS
+    return out
+
+
+def fsgld_kernel():
+    """The FSGLD kernel on logistic regression (d = 20, 10 clients x 1,000 rows, batch 50)."""
+    rs = np.random.default_rng(0)
+    truth = rs.normal(size=D) / np.sqrt(D)
+    clients = []
+    for _ in range(10):
+        x = (rs.normal(size=(1000, D)) + rs.normal(size=D) * 0.5).astype(np.float32)
+        y = (rs.random(1000) < 1 / (1 + np.exp(-x @ truth))).astype(np.float32)
+        clients.append({"x": x, "y": y})
+    federation = fm.Federation(clients)
+
+    def log_likelihood(w, row):
+        logit = jnp.dot(row["x"], w)  # once: XLA does not merge two dots of the gradient
+        return row["y"] * logit - jnp.logaddexp(0.0, logit)
+
+    model = fm.Model(log_prior=lambda w: -0.5 * jnp.sum(w**2), log_likelihood=log_likelihood)
+    flat = model.flatten(jnp.zeros(D))
+    fitted = surrogates.fit_surrogates("laplace", flat, federation, jnp.zeros(D))
+    step = fsgld.build_kernel(
+        flat, federation.concatenated(), jnp.asarray(federation.weights, jnp.float32), B, 50,
+        constant(2e-5), fitted, surrogates.product(fitted), fsgld.alpha_schedule(1.0, 0))
+    return step, dsgld.init(jnp.zeros(D), federation.num_clients)
+
+
+def scheduler_placement(steps=STEPS):
+    """Seconds per update of FSGLD with the scheduler vectorised over the block of updates
+    (``prepare``) and inside each update (blocks of one), compiled as ``fm.sample`` does."""
+    step, state = fsgld_kernel()
+
+    def block(state, noises):
+        return sgld.run_updates(step, noises, state)
+
+    def one_by_one(state, noises):
+        return jax.lax.scan(lambda s, z: (sgld.run_updates(
+            step, jax.tree_util.tree_map(lambda leaf: leaf[None], z), s), None), state, noises)[0]
+
+    noises = jax.vmap(step.noise)(jax.random.split(jax.random.key(0), steps))
+    out = {}
+    for name, run in (("scheduler per block", block), ("scheduler per update", one_by_one)):
+        compiled = jax.jit(run, compiler_options=local.compiler_options(1))
+        jax.block_until_ready(compiled(state, noises))
+        times = []
+        for _ in range(7):
+            started = time.perf_counter()
+            jax.block_until_ready(compiled(state, noises))
+            times.append(time.perf_counter() - started)
+        out[name] = min(times) / steps
+    return out
+
+
+def split_by_chains(chain_counts=(1, 2, 4, 8, 16, 32), updates=40_000):
+    """Seconds per chain-step of the FSGLD update vmapped over chains, compiled with and
+    without XLA's intra-op splitting of fused loops ({chains: (split, not split)})."""
+    step, state = fsgld_kernel()
+    out = {}
+    for chains in chain_counts:
+        steps = max(200, updates // chains)
+        states = jax.tree_util.tree_map(lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape), state)
+        noises = jax.vmap(jax.vmap(step.noise))(
+            jax.random.split(jax.random.key(0), (steps, chains)))
+
+        def run(states, noises):
+            inputs, states = jax.vmap(step.prepare, in_axes=(1, 0), out_axes=(1, 0))(noises, states)
+            return jax.lax.scan(lambda s, z: (jax.vmap(step.apply)(z, s), None), states, inputs)[0]
+
+        pair = []
+        for options in ({}, {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}):
+            compiled = jax.jit(run, compiler_options=options)
+            jax.block_until_ready(compiled(states, noises))
+            times = []
+            for _ in range(5):
+                started = time.perf_counter()
+                jax.block_until_ready(compiled(states, noises))
+                times.append(time.perf_counter() - started)
+            pair.append(min(times) / (steps * chains))
+        out[chains] = tuple(pair)
     return out
 
 
@@ -122,11 +218,18 @@ def main():
     print("\n1. single-chain SGLD step, logistic regression d=20, batch 50 (us per step)")
     for name, value in gather.items():
         print(f"  {name:<22}{value * 1e6:8.2f}")
+    print("\n2. FSGLD update, same problem, random numbers drawn beforehand (us per update)")
+    for name, value in scheduler_placement().items():
+        print(f"  {name:<22}{value * 1e6:8.2f}")
+    print("   per chain-step with chains vmapped (us): split / not split "
+          f"(fm.sample splits from {local.SPLIT_LOOPS_MIN_CHAINS} chains)")
+    for chains, (split, whole) in split_by_chains().items():
+        print(f"  {chains:>3} chains            {split * 1e6:8.2f} {whole * 1e6:8.2f}")
     compile_times, same = noise_compile_times()
-    print("\n2. XLA compilation of a run's Langevin random numbers (s)" + ("" if same else "  NUMBERS DIFFER"))
+    print("\n3. XLA compilation of a run's Langevin random numbers (s)" + ("" if same else "  NUMBERS DIFFER"))
     for name, value in compile_times.items():
         print(f"  {name:<22}{value:8.2f}")
-    print("\n3. a small fm.sample, compilation included (s)")
+    print("\n4. a small fm.sample, compilation included (s)")
     for name, value in small_runs().items():
         print(f"  {name:<22}{value:8.2f}")
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")

@@ -4,7 +4,7 @@ On CPU ``jax.random`` lowers the threefry-2x32 hash as a rolled 5-iteration whil
 one loop per call (with loop-carried rotation amounts and the hash computed once per
 output word). In a small model's step that loop was most of the time (DULA/GT-DULA
 iterations, PDMP thinning proposals, Langevin updates), and XLA took seconds to compile
-the vmapped calls (a Langevin run's random numbers: 3.8 s against 1.5 s unrolled,
+the vmapped calls (a Langevin run's random numbers: 3.7 s against 1.3 s unrolled,
 ``benchmarks/bench_overheads.py``). The
 helpers here compute the same numbers with the 20 rounds unrolled, which XLA fuses into
 the consumer. Only for threefry keys with ``jax_threefry_partitionable`` (JAX's default);

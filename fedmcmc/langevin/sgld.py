@@ -83,7 +83,7 @@ def step_noise(key, batch_size: int, dim: int, dtype, client_dtype=jnp.float32) 
 
     Drawn through :mod:`fedmcmc.rng`: ``jax.random``'s numbers bit for bit, with the
     threefry hash unrolled (XLA compiled a run's vmapped ``jax.random`` calls in about
-    3.8 s on CPU, against 1.5 s unrolled: ``benchmarks/bench_overheads.py``)."""
+    3.7 s on CPU, against 1.3 s unrolled: ``benchmarks/bench_overheads.py``)."""
     key_client, key_batch, key_noise = rng.split_key(key, 3)
     if jnp.dtype(client_dtype) == jnp.dtype(jax.dtypes.canonicalize_dtype(float)):
         client = rng.uniform(key_client, ())
