@@ -11,7 +11,7 @@
    ``fm.sample`` does per kept draw) against the scheduler inside every update (a block
    of one). On CPU, XLA runs a loop body of at most 8 operations sequentially and a
    longer one through a dependency-graph executor with a higher cost per operation.
-   The same update vmapped over 1-32 chains, per chain-step, with and without the split:
+   The same update vmapped over 1-256 chains, per chain-step, with and without the split:
    where ``engines.local.SPLIT_LOOPS_MIN_CHAINS`` comes from.
 3. XLA compilation of one run's Langevin random numbers (13 draws x 2 chains x 5 updates,
    vmapped): ``jax.random`` against ``fedmcmc.rng`` (same numbers, checked).
@@ -128,7 +128,7 @@ def scheduler_placement(steps=STEPS):
     return out
 
 
-def split_by_chains(chain_counts=(1, 2, 4, 8, 16, 32), updates=40_000):
+def split_by_chains(chain_counts=(1, 2, 4, 16, 64, 256), updates=80_000):
     """Seconds per chain-step of the FSGLD update vmapped over chains, compiled with and
     without XLA's intra-op splitting of fused loops ({chains: (split, not split)})."""
     step, state = fsgld_kernel()

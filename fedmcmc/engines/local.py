@@ -58,11 +58,12 @@ class ChainRun(NamedTuple):
 # XLA's CPU compiler splits a fused loop into tasks on its intra-op thread pool when a cost
 # model deems the loop large. The model charges a minibatch gather the size of the whole
 # array it gathers from (every client's data), so on a 2-core machine each step of a single
-# chain paid ~0.8 us of thread hand-off to copy 50 rows (a hand-written SGLD step: 1.73 us
-# split, 0.91 us not). With many chains the vmapped loops really are large and the split pays
-# off: on the logistic FSGLD benchmark splitting was slower up to 4 chains and faster from 8
-# (`benchmarks/bench_overheads.py` measures both).
-SPLIT_LOOPS_MIN_CHAINS = 8
+# chain paid ~0.8 us of thread hand-off to copy 50 rows (a hand-written SGLD step: 1.70 us
+# split, 0.90 us not). With many chains the vmapped loops really are large and the split pays
+# off: per chain-step of the logistic FSGLD update on 2 cores, split against not, 2.1 against
+# 1.5 us at 2 chains, 1.8-2.7 against 1.7 at 16, 1.5-2.5 against 1.7 at 64, 1.4 against
+# 1.55-1.6 at 256 (`benchmarks/bench_overheads.py` measures both).
+SPLIT_LOOPS_MIN_CHAINS = 64
 
 
 def compiler_options(chains: int) -> Dict[str, Any]:

@@ -53,8 +53,8 @@ class LangevinStep(NamedTuple):
 
     Keeping the per-update bookkeeping out of the scanned ``apply`` matters on CPU: XLA
     runs a loop body of at most 8 operations sequentially, a longer one through a
-    dependency-graph executor that costs ~0.6 us more per update (measured on the
-    logistic FSGLD benchmark: 1.2 against 1.8 us per update).
+    dependency-graph executor that costs ~0.9 us more per update (``benchmarks/bench_overheads.py``,
+    logistic FSGLD: 1.2 against 2.1 us per update).
 
     ``step(key, state)`` runs one update: :func:`run_updates` on a block of one.
     """
