@@ -232,7 +232,9 @@ def test_result_layout(algorithm):
     info = result.info
     assert info["n_agents"] == n and info["iterations"] == 35 * 3 and info["dim"] == 4
     per_message = 4 * (2 if algorithm.name == "GTDULA" else 1)
-    assert info["floats_communicated"] == info["messages"] * per_message
+    # one message per directed edge and iteration carries both chains' states (as on Ray)
+    assert info["messages"] == info["messages_between_agents"] == 35 * 3 * 2 * info["edges"]
+    assert info["floats_communicated"] == info["messages"] * per_message * 2
     assert result.to_arviz() is not None
 
 

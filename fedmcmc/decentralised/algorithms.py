@@ -283,10 +283,12 @@ class _Decentralised(Algorithm):
             "dim": dim,
             "mixing": "dense" if topo.use_dense() else "edge_list",
             "condition_1": problems,
-            # one communication round per iteration: every agent sends its state
-            # (w_i, and d_i for GT-DULA) to each neighbour
+            # one communication round per iteration: every agent sends its state (w_i, and
+            # d_i for GT-DULA) to each neighbour, all chains' in one message per directed
+            # edge, as the Ray engine's agents do
             "rounds": iterations,
-            "messages": int(iterations * directed_edges * chains),
+            "messages": int(iterations * directed_edges),
+            "messages_between_agents": int(iterations * directed_edges),
             "floats_communicated": int(iterations * directed_edges * floats_per_message * chains),
         }
         info.update(topo.describe())
