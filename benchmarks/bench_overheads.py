@@ -41,6 +41,17 @@ from fedmcmc.langevin.sgld import StepNoise, step_noise
 N, D, B, STEPS = 10_000, 20, 50, 20_000
 
 
+def fastest_call(function, *args, repeats=5):
+    """Seconds of the fastest of ``repeats`` calls, after one call that compiles."""
+    jax.block_until_ready(function(*args))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        jax.block_until_ready(function(*args))
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
 def gather_cost():
     rs = np.random.default_rng(0)
     x_all = jnp.asarray(rs.normal(size=(N, D)).astype(np.float32))
@@ -67,14 +78,7 @@ def gather_cost():
                 ("random rows, fm.sample's", True, local.compiler_options(1)),
                 ("fixed rows, jax.jit", False, {}))
     for name, gather, options in variants:
-        run = make(gather, options)
-        jax.block_until_ready(run(jnp.zeros(D), u, noise))
-        times = []
-        for _ in range(5):
-            started = time.perf_counter()
-            jax.block_until_ready(run(jnp.zeros(D), u, noise))
-            times.append(time.perf_counter() - started)
-        out[name] = min(times) / STEPS
+        out[name] = fastest_call(make(gather, options), jnp.zeros(D), u, noise) / STEPS
     return out
 
 
@@ -118,13 +122,7 @@ def scheduler_placement(steps=STEPS):
     out = {}
     for name, run in (("scheduler per block", block), ("scheduler per update", one_by_one)):
         compiled = jax.jit(run, compiler_options=local.compiler_options(1))
-        jax.block_until_ready(compiled(state, noises))
-        times = []
-        for _ in range(7):
-            started = time.perf_counter()
-            jax.block_until_ready(compiled(state, noises))
-            times.append(time.perf_counter() - started)
-        out[name] = min(times) / steps
+        out[name] = fastest_call(compiled, state, noises, repeats=7) / steps
     return out
 
 
@@ -146,13 +144,7 @@ def split_by_chains(chain_counts=(1, 2, 4, 16, 64, 256), updates=80_000):
         pair = []
         for options in ({}, {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}):
             compiled = jax.jit(run, compiler_options=options)
-            jax.block_until_ready(compiled(states, noises))
-            times = []
-            for _ in range(5):
-                started = time.perf_counter()
-                jax.block_until_ready(compiled(states, noises))
-                times.append(time.perf_counter() - started)
-            pair.append(min(times) / (steps * chains))
+            pair.append(fastest_call(compiled, states, noises) / (steps * chains))
         out[chains] = tuple(pair)
     return out
 
