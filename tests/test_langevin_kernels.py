@@ -9,6 +9,8 @@ the same chain as running them one at a time.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,6 +109,29 @@ def test_compiler_options_split_loops_only_for_many_chains():
         pytest.skip("the option concerns XLA's CPU compiler")
     assert local.compiler_options(1) == {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
     assert local.compiler_options(local.SPLIT_LOOPS_MIN_CHAINS) == {}
+
+
+def test_the_option_reaches_xla():
+    """The pass named in compiler_options exists: without it a minibatch gather from a large
+    array is split over the thread pool on a multi-core machine (the option would silently
+    do nothing if XLA renamed the pass)."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the option concerns XLA's CPU compiler")
+    data = jnp.asarray(np.random.default_rng(0).normal(size=(20_000, 20)), jnp.float32)
+
+    def run(theta, uniforms):
+        def step(theta, u):
+            rows = jnp.minimum((u * 20_000).astype(jnp.int32), 19_999)
+            return theta + jnp.sum(data[rows], axis=0), None
+        return jax.lax.scan(step, theta, uniforms)[0]
+
+    args = (jnp.zeros(20), jnp.zeros((10, 50)))
+    compiled = {chains: jax.jit(run, compiler_options=local.compiler_options(chains))
+                .lower(*args).compile().as_text()
+                for chains in (1, local.SPLIT_LOOPS_MIN_CHAINS)}
+    assert "outer_dimension_partitions" not in compiled[1]
+    if (os.cpu_count() or 1) > 1:
+        assert "outer_dimension_partitions" in compiled[local.SPLIT_LOOPS_MIN_CHAINS]
 
 
 @pytest.mark.parametrize("total", [1, 19, 20, 21, 999, 1001, 12345])
