@@ -135,7 +135,7 @@ def test_the_option_reaches_xla():
 
 
 @pytest.mark.parametrize("total", [1, 19, 20, 21, 999, 1001, 12345])
-def test_default_chunks_pad_less_than_their_number(total):
+def test_default_chunks_are_nearly_equal(total):
     size = local.default_chunk_size(total)
     chunks = -(-total // size)
     assert chunks <= 20 and chunks * size - total < chunks

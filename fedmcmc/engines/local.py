@@ -75,8 +75,9 @@ def compiler_options(chains: int) -> Dict[str, Any]:
 
 
 def default_chunk_size(total_draws: int, target_chunks: int = 20) -> int:
-    """About ``total_draws / target_chunks``, balanced so that the last chunk's padding
-    (draws past the end, computed and dropped) is below the number of chunks."""
+    """About ``total_draws / target_chunks``, balanced so that the chunks are of nearly
+    equal length: the last one makes fewer draws than the others by less than the number
+    of chunks (progress and the steady-state timing advance evenly)."""
     size = max(1, math.ceil(total_draws / target_chunks))
     chunks = max(1, math.ceil(total_draws / size))
     return max(1, math.ceil(total_draws / chunks))
