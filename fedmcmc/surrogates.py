@@ -53,6 +53,7 @@ __all__ = [
     "fit_surrogates",
     "product",
     "grad_log_surrogate",
+    "matvec",
 ]
 
 
@@ -91,11 +92,25 @@ def product(surrogates: GaussianSurrogates) -> ProductSurrogate:
     )
 
 
+# Up to this size a matrix-vector product is written as a multiply-and-sum, which XLA fuses
+# with the rest of the update; a dot is a separate library call on CPU (~0.3-0.5 us each,
+# the larger part of a small model's conducive term). Beyond it the library GEMV wins
+# (measured once with d = 8-400 in a one-off script: the sum form was 5x slower at d = 100).
+FUSED_MATVEC_MAX_DIM = 32
+
+
+def matvec(matrix, vector):
+    """``matrix @ vector`` in the form fastest for its size (see FUSED_MATVEC_MAX_DIM)."""
+    if matrix.shape[-1] <= FUSED_MATVEC_MAX_DIM:
+        return jnp.sum(matrix * vector, axis=-1)
+    return matrix @ vector
+
+
 def grad_log_surrogate(precision: jax.Array, shift: jax.Array, theta: jax.Array) -> jax.Array:
     """grad log N(theta) in natural parameters: b - P theta (P full or diagonal)."""
     if precision.ndim == 1:
         return shift - precision * theta
-    return shift - precision @ theta
+    return shift - matvec(precision, theta)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -104,26 +104,9 @@ def conducive_terms(surrogates: GaussianSurrogates, global_surrogate: ProductSur
     )
 
 
-# Up to this size a matrix-vector product is written as a multiply-and-sum, which XLA fuses
-# with the rest of the update; a dot is a separate library call on CPU (~0.3-0.5 us each,
-# the larger part of a small model's conducive term). Beyond it the library GEMV wins
-# (measured with d = 8-400; the sum form is 5x slower at d = 100).
-FUSED_MATVEC_MAX_DIM = 32
-
-
-def matvec(matrix, vector):
-    """``matrix @ vector`` in the form fastest for its size (see FUSED_MATVEC_MAX_DIM)."""
-    if matrix.shape[-1] <= FUSED_MATVEC_MAX_DIM:
-        return jnp.sum(matrix * vector, axis=-1)
-    return matrix @ vector
-
-
 def conducive_gradient_from_terms(theta, client, terms: ConduciveTerms):
     """:func:`conducive_gradient` from the precomputed :class:`ConduciveTerms`: c_s - M_s theta."""
-    precision = terms.precision[client]
-    if precision.ndim == 1:
-        return terms.shift[client] - precision * theta
-    return terms.shift[client] - matvec(precision, theta)
+    return grad_log_surrogate(terms.precision[client], terms.shift[client], theta)
 
 
 def estimator_moments(flat_model: FlatModel, data: ConcatenatedData, client, client_weight,

@@ -29,9 +29,9 @@ import numpy as np
 
 from ..federation import ConcatenatedData
 from ..model import FlatModel
-from ..surrogates import GaussianSurrogates, ProductSurrogate
+from ..surrogates import GaussianSurrogates, ProductSurrogate, matvec
 from .dsgld import build_federated_kernel
-from .estimators import conducive_gradient_from_terms, conducive_terms, dsgld_gradient, matvec
+from .estimators import conducive_gradient_from_terms, conducive_terms, dsgld_gradient
 
 __all__ = ["alpha_schedule", "build_kernel"]
 
