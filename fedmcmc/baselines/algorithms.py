@@ -1,0 +1,611 @@
+"""Public classes of the baselines family: ``FALD``, ``QLSD``, ``ConsensusMC``.
+
+They check their hyper-parameters, build the functional kernels of ``fald.py``,
+``qlsd.py`` and ``consensus.py`` and run them on the in-process engine
+(:func:`fedmcmc.engines.local.run_chains`): every client of every chain simulated in one
+compiled program. ``engines`` is ``("local",)`` for now; the engine redesign (issue 14)
+will add ``engine="ray"`` through the protocol layer.
+
+``result.info`` holds, besides the hyper-parameters, ``iterations``, ``rounds`` (server
+communication rounds), ``messages`` and ``floats_communicated`` (and for QLSD
+``bits_communicated``), summed over chains (each chain is its own federated run), and
+``wall_time``. Checkpoint and resume (:mod:`fedmcmc.checkpoint`): FALD and QLSD keep
+everything they need in their chain states (``supports_resume``); ConsensusMC combines
+the clients' draws after sampling and cannot resume.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import rng
+from ..algorithm import (
+    Algorithm,
+    check_nonnegative_int,
+    check_positive_float,
+    check_positive_int,
+)
+from ..checkpoint import restore_states, split_run_options
+from ..engines.local import run_chains
+from ..results import Result, SamplingDivergedError
+from . import consensus, fald, qlsd
+from .common import client_likelihood_gradients, diverged_error, global_mode, unravel_numpy
+
+__all__ = ["FALD", "QLSD", "ConsensusMC"]
+
+_ENGINE_NOTE = ("the in-process engine only for now (the engine redesign, issue 14, will add "
+                "engine='ray')")
+
+
+def _check_engine(engine: str, name: str) -> None:
+    if engine != "local":
+        raise ValueError(f"engine={engine!r} is not available for {name}: {_ENGINE_NOTE}")
+
+
+def _check_unit_fraction(value: Any, argument: str) -> float:
+    number = check_positive_float(value, argument)
+    if number > 1.0:
+        raise ValueError(f"{argument} must be in (0, 1], got {value!r}")
+    return number
+
+
+def _check_batch_size(value: Any) -> int:
+    return check_positive_int(value, "batch_size")
+
+
+def _stack(state, chains: int):
+    return jax.tree_util.tree_map(lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape),
+                                  state)
+
+
+class _ReferenceSearch(NamedTuple):
+    source: str  # "given" or "lbfgs"
+    iterations: int
+    evaluations: int  # gradient evaluations of the search: one round each
+
+
+def _reference_point(flat_model, data, theta0, reference_point, max_iterations):
+    """theta* and what it cost: the user's point, or the federated L-BFGS mode."""
+    if reference_point is not None:
+        try:
+            theta_star = flat_model.ravel(reference_point)
+        except Exception as error:  # noqa: BLE001 - re-raised with the argument's name
+            raise ValueError(f"reference_point does not have the structure of init ({error})"
+                             ) from error
+        if theta_star.shape != (flat_model.dim,):
+            raise ValueError(
+                f"reference_point has {theta_star.shape[0]} parameters, init has {flat_model.dim}")
+        if not bool(jnp.all(jnp.isfinite(theta_star))):
+            raise ValueError("reference_point contains NaN or infinite values")
+        return jnp.asarray(theta_star, flat_model.dtype), _ReferenceSearch("given", 0, 0)
+    mode = global_mode(flat_model, data, theta0, max_iterations=max_iterations)
+    if not bool(jnp.all(jnp.isfinite(mode.position))):
+        raise ValueError(
+            "variance_reduction: the search for the global mode theta* diverged from init; "
+            "pass reference_point=... (e.g. a MAP estimate)")
+    return mode.position, _ReferenceSearch("lbfgs", mode.iterations, mode.evaluations)
+
+
+# ------------------------------------------------------------------------------ FALD
+
+
+class FALD(Algorithm):
+    """Federated averaging Langevin dynamics (FA-LD; Deng et al., UAI 2024) and, with
+    ``variance_reduction=True``, VR-FALD* (Plassier, Durmus, Moulines, AISTATS 2023).
+
+    Each round every participating client runs ``local_steps`` Langevin steps from the
+    shared state on its own data, ``theta_s + (h/2) g_s(theta_s) + N(0, sigma_s^2 I)``,
+    with ``g_s = grad log p + (1/f_s) grad-hat log p(x_s | .)`` and noise scaled
+    (``sigma_s^2 = h / f_s``) so that the f-weighted average of the clients' chains moves
+    by a Langevin step on the global posterior; the server averages. Step-size convention:
+    the project's ``theta + (h/2) grad + N(0, h)``, h = ``step_size`` (the papers' eta, gamma
+    are h/2). One local step with full participation and full batches is exactly ULA on
+    the global posterior. See :mod:`fedmcmc.baselines.fald` for the formulas.
+
+    An ITERATION is one local step of every participating client; a kept draw is taken
+    every ``thin`` iterations and is the weighted average of the participating clients'
+    chains (the server's state when ``thin`` is a multiple of ``local_steps``).
+
+    Runs on ``engine="local"`` (the engine redesign, issue 14, will add Ray).
+
+    Parameters
+    ----------
+    step_size:
+        h > 0.
+    batch_size:
+        Minibatch size m per client and local step, an upper bound: a client with at most
+        m rows uses all of them (its exact gradient); the estimate is scaled by n_s / m.
+    local_steps:
+        Local steps per round (between two averages).
+    participation:
+        Fraction of clients per round, in (0, 1]. 1 (default): every client, averaged
+        with the weights f_s. Below 1: K = ceil(participation * S) clients drawn per round
+        with replacement with probabilities f_s (scheme I of Li et al. 2020, used by Deng
+        et al.); a client drawn m times gets averaging weight m/K and noise variance
+        K h / m, so the drift stays unbiased and the average's noise stays N(0, h I).
+        K is reported in ``info["clients_per_round"]``.
+    variance_reduction:
+        VR-FALD*: control variates at the global mode theta*, which remove the client
+        drift (heterogeneity bias) of many local steps.
+    reference_point:
+        theta* for VR-FALD* (a pytree like ``init``). ``None`` (default): found by L-BFGS
+        on the global log posterior from ``init`` before sampling, one communication round
+        per gradient evaluation (counted in ``info``).
+    mode_max_iterations:
+        L-BFGS iteration limit of that search.
+    noise:
+        Inject the Langevin noise (False: federated averaging of gradient ascent).
+    """
+
+    engines = ("local",)
+    divergence_threshold: float = 1e10
+    supports_resume: bool = True
+
+    def __init__(self, step_size, batch_size, local_steps, participation=1.0,
+                 variance_reduction=False, *, reference_point=None, mode_max_iterations=500,
+                 noise=True):
+        self.step_size = check_positive_float(step_size, "step_size")
+        self.batch_size = _check_batch_size(batch_size)
+        self.local_steps = check_positive_int(local_steps, "local_steps")
+        self.participation = _check_unit_fraction(participation, "participation")
+        if not isinstance(variance_reduction, (bool, np.bool_)):
+            raise ValueError(f"variance_reduction must be True or False, got {variance_reduction!r}")
+        self.variance_reduction = bool(variance_reduction)
+        if reference_point is not None and not self.variance_reduction:
+            raise ValueError("reference_point is VR-FALD*'s theta*: it needs variance_reduction=True")
+        self.reference_point = reference_point
+        self.mode_max_iterations = check_positive_int(mode_max_iterations, "mode_max_iterations")
+        self.noise = bool(noise)
+
+    @property
+    def name(self) -> str:
+        return "VR-FALD*" if self.variance_reduction else "FALD"
+
+    def clients_per_round(self, num_clients: int) -> Optional[int]:
+        """K for partial participation (``None``: every client every round)."""
+        if self.participation >= 1.0:
+            return None
+        return max(1, math.ceil(self.participation * num_clients - 1e-9))
+
+    def _kernel(self, flat_model, data, weights, clients_per_round, control_variates):
+        return fald.build_kernel(flat_model, data, weights, self.batch_size, self.local_steps,
+                                 self.step_size, clients_per_round, control_variates, self.noise)
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):
+        run_options = split_run_options(options, self.name)
+        _check_engine(engine, self.name)
+        flat_model = model.flatten(init)
+        dim = flat_model.dim
+        data = federation.concatenated()
+        weights = jnp.asarray(federation.weights, flat_model.dtype)
+        theta0 = flat_model.ravel(init)
+        num_clients = federation.num_clients
+        k = self.clients_per_round(num_clients)
+        info = {
+            "step_size": self.step_size,
+            "batch_size": self.batch_size,
+            "local_steps": self.local_steps,
+            "participation": self.participation,
+            "clients_per_round": num_clients if k is None else k,
+            "variance_reduction": self.variance_reduction,
+            "num_clients": num_clients,
+        }
+        control = None
+        setup_rounds, setup_floats = 0, 0
+        if self.variance_reduction:
+            theta_star, found = _reference_point(flat_model, data, theta0, self.reference_point,
+                                                 self.mode_max_iterations)
+            gradient_star = (flat_model.grad_log_prior(theta_star)
+                             + client_likelihood_gradients(flat_model, data)(theta_star).sum(0))
+            control = fald.ControlVariates(theta_star, gradient_star)
+            # theta* is broadcast and every client returns its gradient at it (one round),
+            # plus the rounds of the mode search (theta down, value and gradient up)
+            setup_rounds = 1 + found.evaluations
+            setup_floats = (2 * dim * num_clients
+                            + found.evaluations * num_clients * (2 * dim + 1))
+            info.update(reference_point=found.source, mode_iterations=found.iterations,
+                        reference_gradient_norm=float(jnp.linalg.norm(gradient_star)))
+        step = self._kernel(flat_model, data, weights, k, control)
+
+        def draw_step(key, carry):
+            state, mid_round_uploads = carry
+            state, _ = jax.lax.scan(lambda s, kk: (step(kk, s), None), state,
+                                    rng.split_key(key, thin))
+            # a draw taken inside a round needs every participant's local chain
+            inside = (state.iteration % self.local_steps != 0).astype(jnp.int32)
+            uploads = mid_round_uploads + inside * jnp.sum(state.coefficient > 0).astype(jnp.int32)
+            return (state, uploads), fald.draw(state), {"round": state.rounds}
+
+        states = _stack((fald.init(theta0, weights), jnp.zeros((), jnp.int32)), chains)
+        start_draw = run_options.pop("start_draw", 0)
+        resume_state = run_options.pop("resume_state", None)
+        if resume_state is not None:
+            states = restore_states(states, resume_state)
+        run = run_chains(
+            draw_step, states, jax.random.key(seed), burn_in=burn_in, num_samples=num_samples,
+            position=lambda carry: fald.draw(carry[0]),
+            divergence_threshold=self.divergence_threshold, progress=progress, label=self.name,
+            iterations_per_draw=thin, start_draw=start_draw, **run_options,
+        )
+        final, uploads = run.state
+        rounds = np.asarray(final.rounds)
+        client_rounds = int(np.asarray(final.client_rounds, dtype=np.int64).sum())
+        mid_round = int(np.asarray(uploads, dtype=np.int64).sum())
+        # per round: the shared state down to each participant and its chain back up
+        messages = 2 * client_rounds + mid_round
+        info.update(
+            algorithm=self.name,
+            chains=chains,
+            iterations=run.draws_done * thin,
+            draws_kept=int(run.draws.shape[1]),
+            wall_time=run.wall_time,
+            interrupted=run.interrupted,
+            dim=dim,
+            rounds=int(rounds.max()) + setup_rounds,
+            rounds_per_chain=(rounds + setup_rounds).tolist(),
+            messages=int(messages + (2 * num_clients * setup_rounds if setup_rounds else 0)),
+            floats_communicated=int(messages * dim + setup_floats),
+            draws_inside_rounds_uploads=mid_round,
+        )
+        info["bytes_communicated"] = info["floats_communicated"] * int(np.dtype(flat_model.dtype).itemsize)
+        if run.seconds_per_draw is not None:
+            info["seconds_per_iteration"] = run.seconds_per_draw / thin
+        if start_draw:
+            info["start_draw"] = int(start_draw)
+        samples = unravel_numpy(flat_model, np.asarray(run.draws))
+        stats = {k: np.asarray(v) for k, v in run.stats.items()}
+        result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
+        if run.diverged.any():
+            raise diverged_error(self.name, run, thin, result, info, self.divergence_threshold,
+                                 "lower step_size or local_steps")
+        return result
+
+
+# ------------------------------------------------------------------------------ QLSD
+
+
+class QLSD(Algorithm):
+    """Quantised Langevin stochastic dynamics (QLSD; Vono, Plassier, Durmus, Dieuleveut,
+    Moulines, AISTATS 2022) and, with ``variance_reduction=True``, QLSD++.
+
+    Every iteration each client sends the server an unbiased stochastic quantisation
+    (QSGD's, ``bits`` bits per coordinate) of its stochastic gradient of
+    ``f_s log p(theta) + log p(x_s | theta)``; the server takes the Langevin step
+    ``theta + (h/2) sum_s C(H_s) + N(0, h I)`` (the project's convention; the paper's
+    gamma is h/2) and broadcasts theta. QLSD++ adds control variates at a reference point
+    refreshed every ``reference_every`` iterations (each client's exact gradient there)
+    and memory terms, so that what is quantised shrinks as the chain settles. See
+    :mod:`fedmcmc.baselines.qlsd` for the formulas. One iteration = one server step; a
+    draw is kept every ``thin`` iterations.
+
+    Runs on ``engine="local"`` (the engine redesign, issue 14, will add Ray).
+
+    Parameters
+    ----------
+    step_size:
+        h > 0.
+    batch_size:
+        Minibatch size m per client and iteration (upper bound: a client with at most m
+        rows uses all of them, its exact gradient; the estimate is scaled by n_s / m).
+    bits:
+        Bits per coordinate of the quantised gradients, 2 to 24: a sign and one of
+        s = 2^(bits-1) - 1 levels (the default 8 gives s = 127), plus one float32 norm per
+        vector. ``None``: no compression (each client sends its gradient in float32).
+    variance_reduction:
+        QLSD++ (control variates and memory terms).
+    reference_every:
+        QLSD++: iterations between two refreshes of the reference point. ``None``
+        (default): ceil(largest client size / batch_size), one pass over the largest
+        client's data, SVRG's usual epoch.
+    memory_rate:
+        QLSD++: rate alpha of the memory terms, in (0, 1]. ``None`` (default):
+        1 / (1 + omega), omega = min(d / s^2, sqrt(d) / s) the quantiser's variance bound.
+    noise:
+        Inject the Langevin noise.
+    """
+
+    engines = ("local",)
+    divergence_threshold: float = 1e10
+    supports_resume: bool = True
+
+    def __init__(self, step_size, batch_size, bits=8, variance_reduction=False, *,
+                 reference_every=None, memory_rate=None, noise=True):
+        self.step_size = check_positive_float(step_size, "step_size")
+        self.batch_size = _check_batch_size(batch_size)
+        if bits is not None:
+            if (isinstance(bits, bool) or not isinstance(bits, (int, np.integer))
+                    or not 2 <= bits <= 24):
+                raise ValueError(
+                    f"bits must be an integer from 2 to 24 (a sign bit and 2^(bits-1) - 1 "
+                    f"levels; float32 holds at most 24 bits exactly), or None, got {bits!r}")
+            bits = int(bits)
+        self.bits = bits
+        if not isinstance(variance_reduction, (bool, np.bool_)):
+            raise ValueError(f"variance_reduction must be True or False, got {variance_reduction!r}")
+        self.variance_reduction = bool(variance_reduction)
+        if not self.variance_reduction and (reference_every is not None or memory_rate is not None):
+            raise ValueError("reference_every and memory_rate are QLSD++ settings: they need "
+                             "variance_reduction=True")
+        if reference_every is not None:
+            reference_every = check_positive_int(reference_every, "reference_every")
+        self.reference_every = reference_every
+        if memory_rate is not None:
+            memory_rate = _check_unit_fraction(memory_rate, "memory_rate")
+        self.memory_rate = memory_rate
+        self.noise = bool(noise)
+
+    @property
+    def name(self) -> str:
+        return "QLSD++" if self.variance_reduction else "QLSD"
+
+    def _settings(self, federation, dim):
+        levels = qlsd.levels_for_bits(self.bits)
+        every = self.reference_every or max(
+            1, math.ceil(int(federation.sizes.max()) / self.batch_size))
+        rate = self.memory_rate if self.memory_rate is not None else 1.0 / (
+            1.0 + qlsd.variance_bound(levels, dim))
+        return levels, every, rate
+
+    def _kernel(self, flat_model, data, weights, levels, every, rate):
+        if self.variance_reduction:
+            return qlsd.build_kernel_plus_plus(flat_model, data, weights, self.batch_size,
+                                               self.step_size, levels, every, rate, self.noise)
+        return qlsd.build_kernel(flat_model, data, weights, self.batch_size, self.step_size,
+                                 levels, self.noise)
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):
+        run_options = split_run_options(options, self.name)
+        _check_engine(engine, self.name)
+        flat_model = model.flatten(init)
+        dim = flat_model.dim
+        data = federation.concatenated()
+        weights = jnp.asarray(federation.weights, flat_model.dtype)
+        theta0 = flat_model.ravel(init)
+        num_clients = federation.num_clients
+        levels, every, rate = self._settings(federation, dim)
+        step = self._kernel(flat_model, data, weights, levels, every, rate)
+        if self.variance_reduction:
+            one_chain = qlsd.init_plus_plus(theta0, num_clients)
+        else:
+            one_chain = qlsd.init(theta0)
+        # all chains in one state with ONE iteration counter (not vmapped), so that QLSD++'s
+        # refresh is a branch, not a select that computes the full gradients every iteration
+        axes = jax.tree_util.tree_map(lambda _: 0, one_chain)._replace(iteration=None)
+        stacked = jax.tree_util.tree_map(
+            lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape), one_chain
+        )._replace(iteration=one_chain.iteration)
+        all_chains = jax.vmap(step, in_axes=(0, axes), out_axes=axes)
+
+        def draw_step(key, state):
+            def one(s, k):
+                return all_chains(rng.split_key(k, chains), s), None
+
+            state, _ = jax.lax.scan(one, state, rng.split_key(key, thin))
+            return state, state.position.reshape(-1), {}
+
+        states = jax.tree_util.tree_map(lambda leaf: leaf[None], stacked)
+        start_draw = run_options.pop("start_draw", 0)
+        resume_state = run_options.pop("resume_state", None)
+        if resume_state is not None:
+            states = restore_states(states, resume_state)
+        on_draws = run_options.pop("on_draws", None)
+        if on_draws is not None:
+            def per_chain(draws, stats, first_index, _user=on_draws):
+                _user(draws.reshape(draws.shape[1], chains, dim).transpose(1, 0, 2), stats,
+                      first_index)
+
+            run_options["on_draws"] = per_chain
+        run = run_chains(
+            draw_step, states, jax.random.key(seed), burn_in=burn_in, num_samples=num_samples,
+            position=lambda s: s.position.reshape(-1),
+            divergence_threshold=self.divergence_threshold, progress=progress, label=self.name,
+            iterations_per_draw=thin * chains, start_draw=start_draw, **run_options,
+        )
+        kept = run.draws.shape[1]
+        draws = np.asarray(run.draws)[0].reshape(kept, chains, dim).transpose(1, 0, 2)
+        iterations = run.draws_done * thin
+        bits_per_vector = 32 * dim if levels is None else 32 + self.bits * dim
+        # every iteration: theta down to each client (d float32), one quantised vector up
+        bits = chains * iterations * num_clients * (32 * dim + bits_per_vector)
+        info = {
+            "algorithm": self.name,
+            "step_size": self.step_size,
+            "batch_size": self.batch_size,
+            "bits": self.bits if self.bits is not None else "none",
+            "quantization_levels": levels if levels is not None else "none",
+            "variance_reduction": self.variance_reduction,
+            "num_clients": num_clients,
+            "chains": chains,
+            "iterations": iterations,
+            "draws_kept": int(kept),
+            "wall_time": run.wall_time,
+            "interrupted": run.interrupted,
+            "dim": dim,
+            "rounds": iterations,
+            "messages": int(2 * chains * iterations * num_clients),
+            "bits_communicated": int(bits),
+            "floats_communicated": int(bits // 32),
+        }
+        info["bytes_communicated"] = int(bits // 8)
+        if self.variance_reduction:
+            info["reference_every"] = every
+            info["memory_rate"] = rate
+        if run.seconds_per_draw is not None:
+            info["seconds_per_iteration"] = run.seconds_per_draw / thin
+        if start_draw:
+            info["start_draw"] = int(start_draw)
+        samples = unravel_numpy(flat_model, draws)
+        result = Result(samples=samples, info=info, sample_stats={}, algorithm=self.name)
+        if run.diverged.any():
+            final = np.asarray(run.state.position)[0]  # (chains, d) at the end of the run
+            bad = ~np.all(np.isfinite(final) & (np.abs(final) < self.divergence_threshold), axis=1)
+            chains_bad = np.nonzero(bad)[0] if bad.any() else np.arange(chains)
+            first = int(run.first_bad_draw[0])
+            details = [{"chain": int(c), "iteration": (first + 1) * thin} for c in chains_bad]
+            info["diverged_chains"] = [d["chain"] for d in details]
+            raise SamplingDivergedError(
+                f"{self.name}: {len(details)} chain(s) diverged (non-finite or |theta| > "
+                f"{self.divergence_threshold:g}) by iteration {(first + 1) * thin}: chains "
+                f"{info['diverged_chains']}. The draws made before are in error.result (all "
+                "chains stop at that draw); lower step_size",
+                result, info["diverged_chains"], details,
+            )
+        return result
+
+
+# ------------------------------------------------------------------------------ ConsensusMC
+
+
+class ConsensusMC(Algorithm):
+    """Consensus Monte Carlo (Scott et al. 2016): each client samples its subposterior
+    p(x_s | theta) p(theta)^(1/S) with NUTS (BlackJAX) on its own data; the server
+    combines the clients' g-th draws by precision-weighted averaging,
+    ``theta_g = (sum_s W_s)^(-1) sum_s W_s theta_{s,g}`` with W_s the inverse sample
+    covariance of client s's draws. One round of communication. Exact when every
+    subposterior is Gaussian (up to the estimation of W_s). See
+    :mod:`fedmcmc.baselines.consensus`.
+
+    ``num_samples``, ``chains``: per client (every chain of every client is a NUTS chain;
+    the g-th combined draw of a chain combines the clients' g-th draws of that chain).
+    ``thin``: NUTS transitions per kept draw. ``burn_in``: NUTS warm-up (window
+    adaptation of the step size and a diagonal mass matrix) of ``burn_in * thin``
+    transitions, discarded, unless ``num_warmup`` is given.
+
+    Runs on ``engine="local"`` (the engine redesign, issue 14, will add Ray).
+
+    Parameters
+    ----------
+    weighting:
+        ``"precision"`` (default): W_s = inverse sample covariance (needs more draws per
+        client, chains x num_samples, than parameters); ``"diagonal"``: inverse sample
+        variances; ``"equal"``: the plain average (W_s = I).
+    num_warmup:
+        NUTS warm-up transitions per client. ``None`` (default): ``burn_in * thin``, or
+        200 when that is 0 (NUTS is not run untuned by default); the value used is in
+        ``info["warmup_steps"]``. With ``num_warmup`` given, ``burn_in`` draws are
+        discarded after the warm-up. 0: no adaptation (``step_size``, identity mass).
+    step_size:
+        NUTS step size when ``num_warmup=0`` (otherwise adapted; this is the start).
+    target_acceptance:
+        Target acceptance rate of the step-size adaptation.
+    max_num_doublings:
+        NUTS tree depth limit.
+    """
+
+    engines = ("local",)
+    name = "ConsensusMC"
+    divergence_threshold: float = 1e10
+    supports_resume: bool = False
+    default_warmup: int = 200
+
+    def __init__(self, weighting="precision", *, num_warmup=None, step_size=0.1,
+                 target_acceptance=0.8, max_num_doublings=10):
+        if weighting not in consensus.WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {consensus.WEIGHTINGS}, got {weighting!r}")
+        self.weighting = weighting
+        if num_warmup is not None:
+            num_warmup = check_nonnegative_int(num_warmup, "num_warmup")
+        self.num_warmup = num_warmup
+        self.step_size = check_positive_float(step_size, "step_size")
+        target = check_positive_float(target_acceptance, "target_acceptance")
+        if target >= 1:
+            raise ValueError(f"target_acceptance must be in (0, 1), got {target_acceptance!r}")
+        self.target_acceptance = target
+        self.max_num_doublings = check_positive_int(max_num_doublings, "max_num_doublings")
+
+    def warmup_steps(self, burn_in: int, thin: int) -> int:
+        if self.num_warmup is not None:
+            return self.num_warmup
+        return burn_in * thin if burn_in > 0 else self.default_warmup
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):
+        run_options = split_run_options(options, self.name)
+        _check_engine(engine, self.name)
+        for option in ("start_draw", "resume_state", "on_draws", "on_chunk"):
+            if run_options.get(option):
+                raise ValueError(f"{option}: ConsensusMC cannot resume or report draws chunk by "
+                                 "chunk (it combines the clients' draws after sampling)")
+            run_options.pop(option, None)
+        flat_model = model.flatten(init)
+        dim = flat_model.dim
+        num_clients = federation.num_clients
+        if self.weighting == "precision" and chains * num_samples <= dim:
+            raise ValueError(
+                f"num_samples: weighting='precision' estimates each client's {dim}x{dim} "
+                f"covariance from chains x num_samples = {chains * num_samples} draws; take "
+                f"more than {dim} (or weighting='diagonal')")
+        if self.weighting == "diagonal" and chains * num_samples < 2:
+            raise ValueError("num_samples: weighting='diagonal' needs at least 2 draws per client")
+        padded = federation.padded()
+        theta0 = flat_model.ravel(init)
+        warmup = self.warmup_steps(burn_in, thin)
+        key = jax.random.key(seed)
+        warm_keys = jax.random.split(jax.random.fold_in(key, 2**20), chains)
+        if warmup > 0:
+            build = consensus.build_warmup(flat_model, padded, warmup, self.target_acceptance)
+            states = jax.jit(jax.vmap(build, in_axes=(0, None)))(warm_keys, theta0)
+        else:
+            states = _stack(consensus.untuned_states(flat_model, padded, theta0, self.step_size),
+                            chains)
+        discard = burn_in if self.num_warmup is not None else 0
+        step = consensus.build_kernel(flat_model, padded, self.max_num_doublings)
+
+        def draw_step(k, state):
+            state, _ = jax.lax.scan(lambda s, kk: (step(kk, s), None), state,
+                                    jax.random.split(k, thin))
+            return state, state.position.reshape(-1), {}
+
+        run = run_chains(
+            draw_step, states, key, burn_in=discard, num_samples=num_samples,
+            position=lambda s: s.position.reshape(-1),
+            divergence_threshold=self.divergence_threshold, progress=progress, label=self.name,
+            iterations_per_draw=thin, **run_options,
+        )
+        kept = run.draws.shape[1]
+        client_draws = np.asarray(run.draws).reshape(chains, kept, num_clients, dim)
+        final = run.state
+        transitions = run.draws_done * thin
+        divergences = np.asarray(final.divergences).sum(axis=0)
+        acceptance = np.asarray(final.acceptance).sum(axis=0) / max(chains * transitions, 1)
+        info = {
+            "algorithm": self.name,
+            "weighting": self.weighting,
+            "warmup_steps": warmup,
+            "num_clients": num_clients,
+            "chains": chains,
+            "iterations": transitions,
+            "draws_kept": int(kept),
+            "wall_time": run.wall_time,
+            "interrupted": run.interrupted,
+            "dim": dim,
+            "step_size_per_client": np.asarray(final.step_size).mean(axis=0).tolist(),
+            "acceptance_per_client": acceptance.tolist(),
+            "divergent_transitions_per_client": divergences.astype(int).tolist(),
+            # one round: init down to every client, every client's kept draws up
+            "rounds": 1,
+            "messages": 2 * num_clients,
+            "floats_communicated": int(num_clients * dim + num_clients * chains * kept * dim),
+        }
+        info["bytes_communicated"] = info["floats_communicated"] * int(np.dtype(flat_model.dtype).itemsize)
+        if run.diverged.any():
+            usable = int(max(0, min(run.first_bad_draw[run.diverged]) - discard))
+            result = None
+            needed = dim + 1 if self.weighting == "precision" else 2
+            if chains * usable >= needed:
+                combined, _ = consensus.combine(client_draws[:, :usable], self.weighting)
+                result = Result(samples=unravel_numpy(flat_model, combined), info=info,
+                                algorithm=self.name)
+            raise diverged_error(self.name, run, thin, result, info, self.divergence_threshold,
+                                 "a client's subposterior is improper or NUTS failed; check the "
+                                 "model on each client's data")
+        combined, _ = consensus.combine(client_draws, self.weighting)
+        samples = unravel_numpy(flat_model, combined.astype(flat_model.dtype))
+        return Result(samples=samples, info=info, sample_stats={}, algorithm=self.name)

@@ -1,0 +1,190 @@
+"""Federated averaging Langevin dynamics (FA-LD) and VR-FALD* as functional kernels.
+
+Papers: Deng, Zhang, Ma, Song, Lin, "On convergence of federated averaging Langevin
+dynamics" (UAI 2024, arXiv:2112.05120; FA-LD, independent injected noise, partial device
+participation) and Plassier, Durmus, Moulines, "Federated averaging Langevin dynamics:
+toward a unified theory and new algorithms" (AISTATS 2023; the heterogeneity bias of FALD
+and VR-FALD*, control variates at the global mode theta*).
+
+Step-size convention (the project's, ``papers/README.md``): ``theta + (h/2) v + N(0, h I)``
+with ``h = step_size``. Deng et al. write ``beta - eta grad f + sqrt(2 eta / p_c) xi`` with
+f = -log pi: eta = h / 2. Plassier et al. write ``theta - gamma grad U + sqrt(2 gamma) Z``:
+gamma = h / 2.
+
+The global posterior is pi(theta) ∝ p(theta) prod_s p(x_s | theta), with client weights
+f_s (``federation.weights``, summing to 1). Client s's local energy carries the share f_s
+of the prior, log pi_s = f_s log p(theta) + log p(x_s | theta), so sum_s log pi_s = log pi.
+
+One ITERATION is one local step of every participating client; a ROUND is ``local_steps``
+iterations. At the start of a round the server averages the clients' local chains into the
+shared state, chooses the round's participants and sends them the shared state; each then
+runs, from it, on its own data (the FA-LD / FALD update of both papers)
+
+    theta_s <- theta_s + (h/2) g_s(theta_s) + sigma_s xi_s,     xi_s ~ N(0, I)
+
+and the server's next state is sum_s a_s theta_s.
+
+* Full participation: a_s = f_s, g_s = grad log p + (1/f_s) grad-hat log p(x_s | .) (the
+  client's gradient of (1/f_s) log pi_s) and sigma_s = sqrt(h / f_s), the independent
+  noise of Deng et al. (their sqrt(2 eta / p_c)): the average sum_s f_s theta_s then moves
+  by (h/2) sum_s f_s g_s + N(0, h I), a Langevin step on pi whenever the clients share a
+  state, and one local step per round is ULA/SGLD on pi exactly.
+* Partial participation (Deng et al.'s partial device participation, "scheme I" of Li
+  et al. 2020, "On the convergence of FedAvg on non-IID data"): K
+  clients are drawn per round with replacement with probabilities f_s; client s drawn
+  m_s times gets a_s = m_s / K and sigma_s = sqrt(K h / m_s). Then E[sum_s a_s g_s] =
+  sum_s f_s g_s (the drift stays unbiased) and sum_s a_s^2 sigma_s^2 = h (the injected
+  noise of the average stays N(0, h I) for every draw of the participants).
+
+VR-FALD* (Plassier et al.) replaces g_s by the control-variate direction at the
+global mode theta*:
+
+    g_s(theta) = grad log p(theta) - grad log p(theta*)
+                 + (1/f_s) (n_s / m) sum_j [grad log p(x_j | theta) - grad log p(x_j | theta*)]
+                 + grad log pi(theta*),
+
+(same minibatch at theta and theta*). sum_s f_s g_s is unbiased for grad log pi(theta), and
+each client's direction vanishes at theta* up to the shared term grad log pi(theta*) (zero
+at the exact mode, kept so that an inexact theta* costs variance, not bias): the client
+drift that FA-LD's local steps suffer on heterogeneous clients is gone.
+
+A kept draw (``draw``) is the weighted average sum_s a_s theta_s of the participating
+clients' local chains, the sequence Deng et al. analyse; at the end of a round it is the
+server's next shared state. Draws taken every ``local_steps`` iterations are exactly the
+server's states.
+
+Random numbers through :mod:`fedmcmc.rng` (``jax.random``'s, hash unrolled).
+
+Citations: the formulas are written out in full rather than cited by equation number:
+only the papers' abstracts and a reference implementation of QLSD/QLSD++ by the same
+group (github.com/VincentPlassier/QLSD) could be consulted when this was written; the
+noise scaling, the averaging and the control variates follow from requiring that the
+average of the clients' chains be a Langevin step on pi, which the tests check exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import rng
+from ..federation import ConcatenatedData
+from ..model import FlatModel
+from .common import batch_likelihood_gradients, client_rows
+
+__all__ = ["FALDState", "ControlVariates", "init", "build_kernel", "draw"]
+
+
+class FALDState(NamedTuple):
+    local: jax.Array  # (S, d) the clients' local chains theta_s (absent clients: unused)
+    coefficient: jax.Array  # (S,) averaging weights a_s of the current round (0: absent)
+    noise_scale: jax.Array  # (S,) sigma_s of the current round (0: absent)
+    iteration: jax.Array  # int32: local steps done (iterations)
+    rounds: jax.Array  # int32: rounds started (server averages + broadcasts)
+    client_rounds: jax.Array  # int32: sum over rounds of the participating clients
+
+
+class ControlVariates(NamedTuple):
+    """VR-FALD*'s reference: the global mode theta* and grad log pi(theta*)."""
+
+    position: jax.Array  # (d,) theta*
+    gradient: jax.Array  # (d,) grad log pi(theta*) (0 at the exact mode)
+
+
+def init(position: jax.Array, weights: jax.Array) -> FALDState:
+    """Every client at the shared initial state; the first step starts round 1."""
+    num_clients = weights.shape[0]
+    return FALDState(
+        local=jnp.broadcast_to(position, (num_clients,) + position.shape),
+        coefficient=jnp.asarray(weights, position.dtype),
+        noise_scale=jnp.zeros((num_clients,), position.dtype),
+        iteration=jnp.zeros((), jnp.int32),
+        rounds=jnp.zeros((), jnp.int32),
+        client_rounds=jnp.zeros((), jnp.int32),
+    )
+
+
+def draw(state: FALDState) -> jax.Array:
+    """sum_s a_s theta_s: the average of the participating clients' chains."""
+    return state.coefficient @ state.local
+
+
+def build_kernel(
+    flat_model: FlatModel,
+    data: ConcatenatedData,
+    weights: jax.Array,
+    batch_size: int,
+    local_steps: int,
+    step_size: float,
+    clients_per_round: Optional[int] = None,
+    control_variates: Optional[ControlVariates] = None,
+    noise: bool = True,
+) -> Callable:
+    """One FA-LD iteration ``step(key, state) -> state`` (see the module docstring).
+
+    ``clients_per_round``: ``None`` for full participation, else K (scheme I).
+    ``control_variates``: ``None`` for FA-LD, else VR-FALD*'s reference.
+    """
+    num_clients = int(weights.shape[0])
+    dtype = flat_model.dtype
+    f = jnp.asarray(weights, dtype)
+    cumulative = jnp.asarray(np.cumsum(np.asarray(weights, np.float64)), jnp.float32)
+    may_be_smaller = bool(np.min(np.asarray(data.sizes)) < batch_size)
+    likelihood_gradients = batch_likelihood_gradients(flat_model, data)
+    prior_gradients = jax.vmap(flat_model.grad_log_prior)
+    h = jnp.asarray(step_size, dtype)
+    full_scale = jnp.sqrt(h / f)
+
+    def directions(positions, picked):
+        """g_s(theta_s) for every client, (S, d)."""
+        likelihood = likelihood_gradients(positions, picked)
+        prior = prior_gradients(positions)
+        if control_variates is None:
+            return prior + likelihood / f[:, None]
+        star = jnp.broadcast_to(control_variates.position, positions.shape)
+        likelihood_star = likelihood_gradients(star, picked)
+        prior_star = flat_model.grad_log_prior(control_variates.position)
+        return (prior - prior_star[None, :] + (likelihood - likelihood_star) / f[:, None]
+                + control_variates.gradient[None, :])
+
+    def participants(key):
+        """(a_s, sigma_s) of a new round."""
+        if clients_per_round is None:
+            return f, full_scale
+        k = clients_per_round
+        u = rng.uniform(key, (k,))
+        chosen = jnp.minimum(jnp.searchsorted(cumulative, u, side="right"), num_clients - 1)
+        counts = jax.ops.segment_sum(jnp.ones((k,), dtype), chosen, num_segments=num_clients)
+        coefficient = counts / k
+        scale = jnp.where(counts > 0, jnp.sqrt(k * h / jnp.maximum(counts, 1.0)), 0.0)
+        return coefficient, scale
+
+    def start_round(key, state: FALDState) -> FALDState:
+        server = draw(state)
+        coefficient, scale = participants(key)
+        return state._replace(
+            local=jnp.broadcast_to(server, state.local.shape),
+            coefficient=coefficient,
+            noise_scale=scale,
+            rounds=state.rounds + 1,
+            client_rounds=state.client_rounds + jnp.sum(coefficient > 0).astype(jnp.int32),
+        )
+
+    def step(key: jax.Array, state: FALDState) -> FALDState:
+        key_round, key_batch, key_noise = rng.split_key(key, 3)
+        state = jax.lax.cond(state.iteration % local_steps == 0, start_round,
+                             lambda k, s: s, key_round, state)
+        picked = client_rows(rng.uniform(key_batch, (num_clients, batch_size)), data,
+                             may_be_smaller)
+        moved = state.local + 0.5 * h * directions(state.local, picked)
+        if noise:
+            xi = rng.normal(key_noise, state.local.shape, dtype)
+            moved = moved + state.noise_scale[:, None] * xi
+        present = (state.coefficient > 0)[:, None]
+        return state._replace(local=jnp.where(present, moved, state.local),
+                              iteration=state.iteration + 1)
+
+    return step
