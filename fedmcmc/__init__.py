@@ -7,6 +7,7 @@
 
 from . import datasets, diagnostics, models, partition, surrogates
 from .api import sample
+from .baselines import FALD, QLSD, ConsensusMC
 from .decentralised import DULA, GTDULA
 from .federation import Federation
 from .langevin import DSGLD, FSGLD, SGLD, schedules
@@ -31,6 +32,9 @@ __all__ = [
     "FedBoomerang",
     "DULA",
     "GTDULA",
+    "FALD",
+    "QLSD",
+    "ConsensusMC",
     "schedules",
     "surrogates",
     "diagnostics",
