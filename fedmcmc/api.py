@@ -36,7 +36,9 @@ def sample(
     model:
         A :class:`fedmcmc.Model`.
     federation:
-        A :class:`fedmcmc.Federation`, one data pytree per client.
+        A :class:`fedmcmc.Federation`, one data pytree per client, or
+        :meth:`fedmcmc.Federation.from_loaders` (data that stay on the clients: with
+        ``engine="ray"`` every loader runs in its client's process, never here).
     algorithm:
         An algorithm instance, e.g. ``fm.FSGLD(step_size=1e-4, batch_size=10, local_steps=50)``.
     init:
@@ -94,6 +96,18 @@ def sample(
             f"engine={engine!r} is not available for {type(algorithm).__name__}; "
             f"available: {algorithm.engines}"
         )
+    if federation.is_deferred and engine != "ray":
+        # Federation.from_loaders: the in-process engine simulates every client here, so the
+        # loaders run here; on Ray each runs in its client's actor and the engine checks
+        # init against the example shapes the clients report
+        federation.load()
+    if federation.is_deferred:
+        with federation.kept_on_clients():
+            return algorithm.sample(
+                model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
+                thin=thin, chains=chains, seed=int(seed), engine=engine, progress=progress,
+                **options,
+            )
     model.check_params(init, federation.example(), argument="init")
     return algorithm.sample(
         model,

@@ -14,8 +14,9 @@ layouts the compiled engines use:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,15 @@ import numpy as np
 
 PyTree = Any
 
-__all__ = ["Federation", "ConcatenatedData", "PaddedData"]
+__all__ = [
+    "Federation",
+    "ConcatenatedData",
+    "PaddedData",
+    "ClientDescription",
+    "DescribedFederation",
+    "describe_client",
+    "load_client",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,22 +140,7 @@ class Federation:
             self.weights = self.sizes / self.total_size
             self.weights_given = False
         else:
-            w = np.asarray(weights, dtype=np.float64)
-            if w.ndim != 1 or w.shape[0] != self.num_clients:
-                raise ValueError(
-                    f"weights must have one entry per client ({self.num_clients}), got shape {w.shape}"
-                )
-            if not np.all(np.isfinite(w)):
-                raise ValueError("weights contain NaN or infinite values")
-            if np.any(w < 0):
-                raise ValueError(f"weights must be non-negative, got {w.tolist()}")
-            if np.any(w == 0):
-                raise ValueError(
-                    "weights must be strictly positive: every client needs f_s > 0 "
-                    "(the estimators divide by f_s)"
-                )
-            if not np.isclose(w.sum(), 1.0, rtol=0, atol=1e-6):
-                raise ValueError(f"weights must sum to 1, got sum {w.sum():.6g}")
+            w = _check_weights(np.asarray(weights, dtype=np.float64), self.num_clients)
             self.weights = w
             self.weights_given = True
 
@@ -156,6 +150,106 @@ class Federation:
             if len(names) != self.num_clients:
                 raise ValueError("names must have one entry per client")
             self.names = [str(n) for n in names]
+
+    # ------------------------------------------------------ data left on the clients
+    @classmethod
+    def from_loaders(
+        cls,
+        loaders: Sequence[Callable[[], PyTree]],
+        weights: Optional[Sequence[float]] = None,
+        *,
+        names: Optional[Sequence[str]] = None,
+    ) -> "Federation":
+        """A federation whose data stay where they are: one zero-argument callable per client.
+
+        Each ``loaders[s]()`` returns client ``s``'s data pytree (every leaf's leading axis
+        indexes its examples), read where it runs: from the client machine's disk, database
+        or device. With ``engine="ray"`` each loader is called inside its client's actor
+        (placed on the client's node by ``client_resources``); the client validates its rows
+        there and reports only its size and the shapes of one example, so the driver never
+        receives a row. With ``engine="local"`` (every client simulated in this process) the
+        loaders are called here, once, when the data are first needed.
+
+        The loaders must be picklable for ``engine="ray"`` (module-level functions,
+        ``functools.partial`` of them, or callable objects; not lambdas closing over large
+        arrays, which would ship the data with the loader). ``weights``: the client
+        selection probabilities f_s, as in :class:`Federation` (default: proportional to
+        the sizes the clients report).
+        """
+        if isinstance(loaders, (str, bytes)) or not hasattr(loaders, "__len__"):
+            raise ValueError("loaders must be a sequence with one zero-argument callable per client")
+        loaders = list(loaders)
+        if not loaders:
+            raise ValueError("loaders is empty: a federation needs at least one client")
+        for index, loader in enumerate(loaders):
+            if not callable(loader):
+                raise ValueError(
+                    f"loaders[{index}] must be a zero-argument callable returning the client's "
+                    f"data, got {type(loader).__name__}"
+                )
+        if names is not None and len(names) != len(loaders):
+            raise ValueError("names must have one entry per client")
+        if weights is not None:
+            _check_weights(np.asarray(weights, dtype=np.float64), len(loaders))
+        federation = cls.__new__(cls)
+        federation.__dict__.update(
+            num_clients=len(loaders),
+            names=[f"client_{i}" for i in range(len(loaders))] if names is None
+            else [str(n) for n in names],
+            _loaders=loaders,
+            _requested_weights=None if weights is None else list(weights),
+        )
+        return federation
+
+    @property
+    def is_deferred(self) -> bool:
+        """True for a :meth:`from_loaders` federation whose loaders have not been called here."""
+        return "_clients" not in self.__dict__
+
+    @property
+    def loaders(self) -> Optional[list]:
+        """The clients' loaders of a :meth:`from_loaders` federation, else ``None``."""
+        return self.__dict__.get("_loaders")
+
+    def load(self) -> "Federation":
+        """Call the loaders of a :meth:`from_loaders` federation in this process (once) and
+        validate the data as :class:`Federation` does; returns ``self``. A no-op otherwise."""
+        if self.is_deferred:
+            loaders = self.__dict__["_loaders"]
+            clients = [load_client(loader, index) for index, loader in enumerate(loaders)]
+            Federation.__init__(self, clients, self.__dict__["_requested_weights"], names=self.names)
+        return self
+
+    @contextlib.contextmanager
+    def kept_on_clients(self):
+        """While inside, the driver may not call this (deferred) federation's loaders: any
+        access to its data raises ``RuntimeError`` instead (``engine="ray"`` runs use it)."""
+        self.__dict__["_remote_depth"] = self.__dict__.get("_remote_depth", 0) + 1
+        try:
+            yield self
+        finally:
+            self.__dict__["_remote_depth"] -= 1
+
+    def client_sources(self) -> list:
+        """What a client endpoint is built from: its loader (deferred federation, called in the
+        client's process) or its data."""
+        if self.is_deferred:
+            return list(self.__dict__["_loaders"])
+        return list(self._clients)
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes not set yet: the data attributes of a deferred
+        # (from_loaders) federation, which engine="local" loads here on first use.
+        if name.startswith("__") or "_loaders" not in self.__dict__ or not self.is_deferred:
+            raise AttributeError(name)
+        if self.__dict__.get("_remote_depth", 0):
+            raise RuntimeError(
+                f"Federation.{name}: this federation's data stay on the clients while an "
+                "engine='ray' run uses it (its loaders run in the client processes only); "
+                "the engine asked the driver for them, which is a bug: please report it"
+            )
+        self.load()
+        return getattr(self, name)
 
     # ----------------------------------------------------------------- access
     def __len__(self) -> int:
@@ -221,3 +315,109 @@ class Federation:
         return Federation(
             [self._clients[i] for i in keep], weights=weights, names=[self.names[i] for i in keep]
         )
+
+
+def _check_weights(w: np.ndarray, num_clients: int) -> np.ndarray:
+    """The client selection probabilities f_s, checked (``ValueError`` naming ``weights``)."""
+    if w.ndim != 1 or w.shape[0] != num_clients:
+        raise ValueError(
+            f"weights must have one entry per client ({num_clients}), got shape {w.shape}"
+        )
+    if not np.all(np.isfinite(w)):
+        raise ValueError("weights contain NaN or infinite values")
+    if np.any(w < 0):
+        raise ValueError(f"weights must be non-negative, got {w.tolist()}")
+    if np.any(w == 0):
+        raise ValueError(
+            "weights must be strictly positive: every client needs f_s > 0 "
+            "(the estimators divide by f_s)"
+        )
+    if not np.isclose(w.sum(), 1.0, rtol=0, atol=1e-6):
+        raise ValueError(f"weights must sum to 1, got sum {w.sum():.6g}")
+    return w
+
+
+def load_client(source: Any, index: int) -> PyTree:
+    """Client ``index``'s data from its ``source`` (a loader, called here, or the data itself),
+    validated as :class:`Federation` validates a client (``ValueError`` naming ``clients[index]``)."""
+    data = source
+    if callable(source):
+        try:
+            data = source()
+        except Exception as error:  # noqa: BLE001 - re-raised with the client named
+            raise ValueError(
+                f"loaders[{index}] failed: {type(error).__name__}: {error}"
+            ) from error
+    try:
+        checked = Federation([data])
+    except ValueError as error:
+        raise ValueError(str(error).replace("clients[0]", f"clients[{index}]")) from None
+    return checked[0]
+
+
+class ClientDescription(NamedTuple):
+    """What a client reports about its data instead of the data: its number of rows, the
+    pytree structure and per-example shapes/dtypes (as one all-zero example)."""
+
+    size: int
+    zero_example: PyTree  # one example of zeros: shapes and dtypes only
+
+
+def describe_client(data: PyTree) -> ClientDescription:
+    """The :class:`ClientDescription` of a client's (validated) data."""
+    leaves = jax.tree_util.tree_leaves(data)
+    zero = jax.tree_util.tree_map(lambda leaf: np.zeros_like(np.asarray(leaf)[0]), data)
+    return ClientDescription(size=int(np.shape(leaves[0])[0]), zero_example=zero)
+
+
+class DescribedFederation:
+    """The driver's view of a federation whose data stay on the clients (engine="ray" with
+    :meth:`Federation.from_loaders`): sizes, weights and names from what the clients reported,
+    no rows. Asking it for data raises ``RuntimeError``."""
+
+    def __init__(self, federation: Federation, descriptions: Sequence[ClientDescription]):
+        if len(descriptions) != federation.num_clients:  # pragma: no cover - engine invariant
+            raise ValueError("one description per client is needed")
+        first = descriptions[0].zero_example
+        structure = jax.tree_util.tree_structure(first)
+        shapes = [(np.shape(x), np.asarray(x).dtype.kind) for x in jax.tree_util.tree_leaves(first)]
+        for index, description in enumerate(descriptions[1:], start=1):
+            other = description.zero_example
+            if jax.tree_util.tree_structure(other) != structure:
+                raise ValueError(
+                    f"clients[{index}] has a different pytree structure from clients[0]: "
+                    f"{jax.tree_util.tree_structure(other)} vs {structure}"
+                )
+            other_shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(other)]
+            if other_shapes != [s for s, _ in shapes]:
+                raise ValueError(
+                    f"clients[{index}]: per-example shapes {other_shapes} differ from "
+                    f"clients[0]'s {[s for s, _ in shapes]}"
+                )
+        self.num_clients = federation.num_clients
+        self.names = list(federation.names)
+        self.sizes = np.asarray([d.size for d in descriptions], dtype=np.int64)
+        self.total_size = int(self.sizes.sum())
+        requested = federation.__dict__.get("_requested_weights")
+        if requested is None:
+            self.weights = self.sizes / self.total_size
+            self.weights_given = False
+        else:
+            self.weights = _check_weights(np.asarray(requested, dtype=np.float64), self.num_clients)
+            self.weights_given = True
+        self._zero_example = first
+
+    def __len__(self) -> int:
+        return self.num_clients
+
+    def example(self) -> PyTree:
+        """An all-zero example with the clients' structure, shapes and dtypes."""
+        return self._zero_example
+
+    def _no_data(self, *args, **kwargs):
+        raise RuntimeError(
+            "this federation's data stay on the clients (Federation.from_loaders on "
+            "engine='ray'): the driver has no rows to give"
+        )
+
+    __getitem__ = pooled = concatenated = padded = clients = _no_data

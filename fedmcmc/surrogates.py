@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .federation import Federation
+from .minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from .model import FlatModel
 
 __all__ = [
@@ -293,18 +294,16 @@ def fit_sgld(
     num_clients = federation.num_clients
     modes = _find_modes(flat_model, padded, theta0, num_clients, iterations)
     sizes = padded.sizes
-    max_size = padded.mask.shape[1]
+    may_be_smaller = some_client_smaller(federation.sizes, batch_size)
 
     def one_client(client_key, start, data, mask, size):
         def grad_estimate(theta, key):
-            u = jax.random.uniform(key, (batch_size,))
-            idx = jnp.minimum((u * size).astype(jnp.int32), size - 1)
-            idx = jnp.where(batch_size >= size, jnp.arange(batch_size) % max_size, idx)
-            batch = jax.tree_util.tree_map(lambda leaf: leaf[idx], data)
-            scale = size / batch_size
-            return flat_model.grad_log_prior(theta) / num_clients + scale * (
-                flat_model.grad_log_likelihood_sum(theta, batch)
-            )
+            # the library's one minibatch rule (fedmcmc.minibatch): at most batch_size rows,
+            # every row once for a client that has no more
+            minibatch = take_minibatch(jax.random.uniform(key, (batch_size,)), data, 0, size,
+                                       may_be_smaller)
+            return flat_model.grad_log_prior(theta) / num_clients + likelihood_gradient(
+                flat_model, theta, minibatch)
 
         def step(theta, key):
             key_batch, key_noise = jax.random.split(key)

@@ -38,8 +38,8 @@ def make_sampler(model, federation, batch_size, draws=40000):
         key_client, key_batch = jax.random.split(key)
         client = jnp.searchsorted(cumulative, jax.random.uniform(key_client) * cumulative[-1], side="right")
         client = jnp.minimum(client, federation.num_clients - 1)
-        batch, size = draw_minibatch(key_batch, data, client, batch_size)
-        value = dsgld_gradient(flat, theta, batch, size, batch_size, weights[client])
+        minibatch = draw_minibatch(key_batch, data, client, batch_size)
+        value = dsgld_gradient(flat, theta, minibatch, weights[client])
         extra = conducive_gradient(theta, client, weights[client], surrogates, global_surrogate)
         return value + conducive * extra
 

@@ -96,11 +96,6 @@ def test_bad_sample_arguments(kwargs, argument):
         run(fm.DSGLD(step_size=1e-3, batch_size=5, local_steps=2), **kwargs)
 
 
-def test_batch_larger_than_a_client_is_rejected():
-    with pytest.raises(ValueError, match="batch_size"):
-        run(fm.DSGLD(step_size=1e-3, batch_size=21, local_steps=2))
-
-
 def test_exact_surrogate_refuses_non_gaussian_likelihood():
     model = fm.Model(
         log_prior=lambda w: -0.5 * jnp.sum(w**2),

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..federation import Federation
-from .comm import ClientFailure, ClientFailureError, Transport
+from .comm import ClientEndpoint, ClientFailure, ClientFailureError, Transport, describe_federation
 
 __all__ = ["PDMPWorker", "RemoteWorkers", "BroadcastDraw", "run_remote_chains", "sample_pdmp"]
 
@@ -54,12 +54,14 @@ def _f64(tree):
 # ----------------------------------------------------------------------------- client side
 
 
-class PDMPWorker:
-    """One worker of Fed-PDMC: its data, its bounds, its compiled event simulation."""
+class PDMPWorker(ClientEndpoint):
+    """One worker of Fed-PDMC: its data, its bounds, its compiled event simulation.
 
-    def __init__(self, index: int, data: Any, model, init: Any,
+    ``source``: the worker's data or its loader (called here, in the worker's process)."""
+
+    def __init__(self, index: int, source: Any, model, init: Any,
                  fault_injection: Optional[dict] = None):
-        self.index = int(index)
+        super().__init__(index, source)
         # testing only: {"client": m, "after_visits": k, "kind": "exit" | "hang"[, "seconds": t]}
         # makes this worker die (os._exit) or hang at its (k+1)-th proposal
         self._fault = fault_injection if fault_injection and \
@@ -68,7 +70,7 @@ class PDMPWorker:
         with jax.enable_x64(True):
             init64 = _f64(init)
             self.flat_model = model.flatten(init64)
-            self.padded = Federation([data]).padded()  # (1, n_m, ...): its own rows only
+            self.padded = Federation([self.data]).padded()  # (1, n_m, ...): its own rows only
             flat_model = self.flat_model
             rows = jax.tree_util.tree_map(lambda leaf: leaf[0], self.padded.data)
             mask = self.padded.mask[0]
@@ -82,18 +84,6 @@ class PDMPWorker:
         self._summaries = None
         self._propose = None
         self._gradient = None
-
-    # -- set-up messages
-    def ping(self) -> int:
-        return self.index
-
-    def location(self) -> Dict[str, Any]:
-        from .comm import client_location
-
-        return client_location(self.index)
-
-    def size(self) -> int:
-        return int(self.padded.mask.shape[1])
 
     def newton_terms(self, x):
         """``(U_m, grad U_m, Hess U_m)`` of its data potential at ``x`` (one Newton round)."""
@@ -471,10 +461,13 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
             "shifted potentials); use on_client_failure='stop'")
     M = federation.num_clients
     fault = options.get("fault_injection")
-    specs = [(PDMPWorker, (m, federation[m], model, init, fault)) for m in range(M)]
+    sources = federation.client_sources()
+    specs = [(PDMPWorker, (m, sources[m], model, init, fault)) for m in range(M)]
     transport = make_transport(specs)
-    transport.audit = bool(options.get("audit_messages", False))
     try:
+        # from_loaders: the workers loaded their rows themselves and report their sizes
+        federation = describe_federation(transport, federation, model, init)
+        transport.audit = bool(options.get("audit_messages", False))
         setup_started = time.perf_counter()
         init64 = _f64(init)
         flat_model = model.flatten(init64)

@@ -21,11 +21,15 @@ client).
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
+
+from ..federation import ClientDescription, DescribedFederation, Federation, describe_client, load_client
 
 __all__ = [
     "ClientFailure",
@@ -35,6 +39,9 @@ __all__ = [
     "InProcessTransport",
     "payload_arrays",
     "client_location",
+    "ClientEndpoint",
+    "describe_federation",
+    "call_all",
 ]
 
 
@@ -64,9 +71,6 @@ class ClientFailureError(RuntimeError):
 
 def client_location(index: int) -> Dict[str, Any]:
     """Where a client endpoint runs: host name, process id and, on Ray, the node id."""
-    import os
-    import socket
-
     where = {"client": int(index), "host": socket.gethostname(), "pid": os.getpid()}
     try:
         import ray
@@ -207,3 +211,63 @@ class InProcessTransport(Transport):
             raise ClientFailure(pending.client, f"{type(value).__name__}: {value}")
         self.record("from_clients", pending.client, pending.method, value)
         return value
+
+
+class ClientEndpoint:
+    """The part every protocol's client endpoint shares: it holds its own data.
+
+    ``source`` is the client's data, or its loader (``Federation.from_loaders``), called
+    here, in the client's own process (a Ray actor on the Ray engine), and validated here;
+    the server learns only what :meth:`describe` reports (the size and the shapes of one
+    example). Subclasses (one per protocol) add the messages of their protocol.
+    """
+
+    def __init__(self, index: int, source: Any):
+        self.index = int(index)
+        self.data = load_client(source, self.index)
+        self.size = int(np.shape(jax.tree_util.tree_leaves(self.data)[0])[0])
+
+    def ping(self) -> int:
+        return self.index
+
+    def location(self) -> Dict[str, Any]:
+        """Where this client runs: host name, process id and, on Ray, the node id."""
+        return client_location(self.index)
+
+    def describe(self) -> ClientDescription:
+        """Its number of rows and the shapes/dtypes of one example (zeros): no data."""
+        return describe_client(self.data)
+
+
+def call_all(transport: "Transport", method: str, *args, clients: Optional[Sequence[int]] = None,
+             timeout: Optional[float] = None) -> List[Any]:
+    """Send ``method(*args)`` to every client (or ``clients``) and return the replies in
+    order; a client that fails or does not answer within ``timeout`` raises
+    :class:`ClientFailureError` (no result: nothing was sampled yet)."""
+    clients = list(range(transport.num_clients)) if clients is None else list(clients)
+    pendings = [transport.call(client, method, *args) for client in clients]
+    replies = []
+    for pending in pendings:
+        ready, _ = transport.wait([pending], timeout=timeout)
+        if not ready:
+            raise ClientFailureError(
+                f"client {pending.client} did not answer {method!r} within {timeout} s",
+                None, pending.client, "timeout")
+        try:
+            replies.append(transport.result(pending))
+        except ClientFailure as failure:
+            raise ClientFailureError(
+                f"client {failure.client} failed during {method!r} before sampling started: "
+                f"{failure.reason}", None, failure.client, failure.reason) from None
+    return replies
+
+
+def describe_federation(transport: "Transport", federation: Federation, model, init):
+    """The driver's view of ``federation`` once its endpoints exist: itself when the driver
+    holds the data, else (``from_loaders`` on Ray) a :class:`DescribedFederation` built from
+    what each client reports, with ``init`` checked against the reported example shapes."""
+    if not federation.is_deferred:
+        return federation
+    described = DescribedFederation(federation, call_all(transport, "describe"))
+    model.check_params(init, described.example(), argument="init")
+    return described

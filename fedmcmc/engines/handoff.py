@@ -38,7 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..federation import ConcatenatedData, Federation
-from .comm import ClientFailure, ClientFailureError, Transport
+from ..federation import describe_client
+from .comm import ClientEndpoint, ClientFailure, ClientFailureError, Transport, describe_federation
 
 __all__ = ["HandoffClient", "iteration_key", "run_handoff", "HandoffRun", "sample_handoff"]
 
@@ -52,27 +53,26 @@ def iteration_key(root: jax.Array, chains: int, thin: int, chain, t):
 # ----------------------------------------------------------------------------- client side
 
 
-class HandoffClient:
+class HandoffClient(ClientEndpoint):
     """One client of DSGLD/FSGLD: its data, its surrogate, its compiled visit.
 
+    ``source``: the client's data or its loader (called here, in the client's process).
     ``spec`` (plain dict): ``algorithm`` ("DSGLD" | "FSGLD"), ``batch_size``,
     ``local_steps``, ``step_size`` (number or schedule), ``noise``, ``seed``,
     ``chains``, ``thin``, ``num_clients`` and, for FSGLD, ``alpha``,
     ``alpha_warmup``.
     """
 
-    def __init__(self, index: int, data: Any, model, init: Any, spec: Dict[str, Any]):
+    def __init__(self, index: int, source: Any, model, init: Any, spec: Dict[str, Any]):
         from ..langevin.schedules import as_schedule
 
-        self.index = int(index)
+        super().__init__(index, source)
         self.spec = dict(spec)
         self.model = model
         self.flat_model = model.flatten(init)
-        leaves = jax.tree_util.tree_leaves(data)
-        self.size = int(np.shape(leaves[0])[0])
-        self._raw_data = data
+        self._raw_data = self.data
         self.data = ConcatenatedData(
-            data=jax.tree_util.tree_map(jnp.asarray, data),
+            data=jax.tree_util.tree_map(jnp.asarray, self._raw_data),
             offsets=jnp.zeros((1,), jnp.int32),
             sizes=jnp.full((1,), self.size, jnp.int32),
         )
@@ -81,15 +81,8 @@ class HandoffClient:
         self._own_surrogate = None
         self._visit = None
 
-    # -- messages the server sends
-    def ping(self) -> int:
-        return self.index
-
-    def location(self) -> Dict[str, Any]:
-        """Where this client runs: host name, process id and, on Ray, the node id."""
-        from .comm import client_location
-
-        return client_location(self.index)
+    def describe(self):
+        return describe_client(self._raw_data)
 
     def fit_surrogate(self, kind: str, theta0, options: Dict[str, Any]):
         """Fit q_s on this client's data only; returns its natural parameters (P_s, b_s).
@@ -555,15 +548,13 @@ def sample_handoff(
     and returns a :class:`Transport` whose endpoints are those clients.
     """
     from .. import surrogates as surrogate_module
-    from ..langevin.algorithms import _check_batch_size, _describe
+    from ..langevin.algorithms import _describe
     from ..results import Result, SamplingDivergedError
 
-    _check_batch_size(algorithm.batch_size, federation, per_client=True)
     is_fsgld = algorithm.name == "FSGLD"
     flat_model = model.flatten(init)
     theta0 = np.asarray(flat_model.ravel(init))
     num_clients = federation.num_clients
-    weights = np.asarray(federation.weights, np.float64)
     spec = {
         "algorithm": algorithm.name,
         "batch_size": algorithm.batch_size,
@@ -588,12 +579,15 @@ def sample_handoff(
         "on_client_failure": on_client_failure,
         "visit_timeout": visit_timeout,
     }
-    specs = [
-        (HandoffClient, (s, federation[s], model, init, spec)) for s in range(num_clients)
-    ]
+    sources = federation.client_sources()
+    specs = [(HandoffClient, (s, sources[s], model, init, spec)) for s in range(num_clients)]
     transport = make_transport(specs)
-    transport.audit = bool(audit_messages)
     try:
+        # from_loaders: each client loaded its rows in its own process; the driver learns
+        # their sizes (hence the default f_s) from the clients' descriptions
+        federation = describe_federation(transport, federation, model, init)
+        weights = np.asarray(federation.weights, np.float64)
+        transport.audit = bool(audit_messages)
         setup_started = time.perf_counter()
         surrogates = None
         given = None

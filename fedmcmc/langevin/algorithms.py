@@ -39,16 +39,6 @@ def _check_step_size(step_size: Any) -> Any:
     return step_size
 
 
-def _check_batch_size(batch_size: int, federation, per_client: bool) -> int:
-    smallest = int(federation.sizes.min()) if per_client else int(federation.total_size)
-    if batch_size > smallest:
-        where = "the smallest client" if per_client else "the data"
-        raise ValueError(
-            f"batch_size={batch_size} is larger than {where} ({smallest} examples)"
-        )
-    return batch_size
-
-
 class _LangevinAlgorithm(Algorithm):
     """Shared run loop: ``thin`` kernel updates per draw, vmapped over chains."""
 
@@ -190,7 +180,8 @@ class SGLD(_LangevinAlgorithm):
         h > 0, or a schedule ``t -> h_t`` such as
         ``fm.schedules.polynomial(a, b, gamma)``.
     batch_size:
-        Minibatch size m, drawn uniformly with replacement from all N examples.
+        Minibatch size m, drawn uniformly with replacement from all N examples; an upper
+        bound: with m >= N every example is used once (the exact gradient).
     """
 
     name = "SGLD"
@@ -203,7 +194,6 @@ class SGLD(_LangevinAlgorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         run_options = split_run_options(options, "SGLD")
-        _check_batch_size(self.batch_size, federation, per_client=False)
         flat_model = model.flatten(init)
         data = federation.concatenated()
         step = sgld.build_kernel(
@@ -244,7 +234,9 @@ class DSGLD(_LangevinAlgorithm):
     step_size:
         h > 0 (paper convention) or a schedule.
     batch_size:
-        Minibatch size m within a client (at most the smallest client's size).
+        Minibatch size m within a client, an upper bound: a client with N_s <= m rows uses
+        each of them once (its exact gradient), and the estimator divides by min(m, N_s),
+        so it stays unbiased (``fedmcmc.minibatch``).
     local_steps:
         Updates per visit before the chain is handed on.
     """
@@ -275,7 +267,6 @@ class DSGLD(_LangevinAlgorithm):
                 thin=thin, chains=chains, seed=seed, progress=progress, **options,
             )
         run_options = split_run_options(options, self.name)
-        _check_batch_size(self.batch_size, federation, per_client=True)
         flat_model = model.flatten(init)
         data = federation.concatenated()
         weights = jnp.asarray(federation.weights, dtype=jnp.float32)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from ..federation import ConcatenatedData
 from ..model import FlatModel
+from ..minibatch import some_client_smaller
 from .estimators import client_from_uniform, dsgld_gradient, minibatch_from_uniforms
 from .sgld import LangevinStep, StepNoise, langevin_move, step_noise
 
@@ -109,12 +110,15 @@ def build_federated_kernel(
 
     ``prepare`` runs the scheduler for a block of updates at once (:func:`assign_clients`);
     ``apply`` is the update itself, on the client it is given.
-    ``estimator(theta, batch, client, client_size, iteration)`` returns the
+    ``estimator(theta, minibatch, client, iteration)`` returns the
     gradient estimate v_s(theta) (+ g_s for FSGLD); ``dim``/``dtype``: the flat parameter's.
     """
     if dim is None:
         raise ValueError("dim (the flat parameter's length) is required")
     cumulative_weights = jnp.cumsum(client_weights)
+    # batch_size is an upper bound (fedmcmc.minibatch): the whole-client branch is compiled
+    # in only when some client has fewer rows than the batch
+    may_be_smaller = some_client_smaller(data.sizes, batch_size)
 
     def prepare(noises: StepNoise, state: FederatedChainState):
         clients, client, visits = assign_clients(
@@ -124,8 +128,8 @@ def build_federated_kernel(
         return inputs, state._replace(client=client, visits=visits)
 
     def apply(inputs: VisitInputs, state: FederatedChainState) -> FederatedChainState:
-        batch, client_size = minibatch_from_uniforms(inputs.batch, data, inputs.client)
-        gradient = estimator(state.position, batch, inputs.client, client_size, state.iteration)
+        minibatch = minibatch_from_uniforms(inputs.batch, data, inputs.client, may_be_smaller)
+        gradient = estimator(state.position, minibatch, inputs.client, state.iteration)
         h = schedule(state.iteration)
         if noise:
             position = langevin_move(state.position, gradient, h, inputs.normal)
@@ -156,10 +160,8 @@ def build_kernel(
     """
     weights_in_estimator = client_weights if weight_scaling is None else weight_scaling
 
-    def estimator(theta, batch, client, client_size, iteration):
-        return dsgld_gradient(
-            flat_model, theta, batch, client_size, batch_size, weights_in_estimator[client]
-        )
+    def estimator(theta, minibatch, client, iteration):
+        return dsgld_gradient(flat_model, theta, minibatch, weights_in_estimator[client])
 
     return build_federated_kernel(
         estimator, data, client_weights, batch_size, local_steps, schedule, noise,

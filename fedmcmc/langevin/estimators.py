@@ -6,12 +6,13 @@ MCMC for federated learning" (``fsgld-cg-dsgld-early-version.md``).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from ..federation import ConcatenatedData
+from ..minibatch import Minibatch, likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
 from ..surrogates import GaussianSurrogates, ProductSurrogate, grad_log_surrogate
 
@@ -30,39 +31,34 @@ __all__ = [
 ]
 
 
-def draw_minibatch(key, layout: ConcatenatedData, client, batch_size: int):
-    """A uniform minibatch of ``batch_size`` rows of ``client`` (with replacement).
-
-    When the batch is the whole client (``batch_size == N_s``) every row is
-    taken once, so the estimator is the exact client gradient.
-    Returns the batch pytree and the client size N_s.
-    """
+def draw_minibatch(key, layout: ConcatenatedData, client, batch_size: int) -> Minibatch:
+    """A minibatch of at most ``batch_size`` rows of ``client``, by the library's one rule
+    (:mod:`fedmcmc.minibatch`): ``batch_size`` rows with replacement when the client has more,
+    every row once (its exact gradient) when it has no more."""
     return minibatch_from_uniforms(jax.random.uniform(key, (batch_size,)), layout, client)
 
 
-def minibatch_from_uniforms(uniforms, layout: ConcatenatedData, client):
+def minibatch_from_uniforms(uniforms, layout: ConcatenatedData, client,
+                            may_be_smaller: Optional[bool] = None) -> Minibatch:
     """:func:`draw_minibatch` from its ``batch_size`` uniforms on [0, 1) (drawn in bulk by
-    the engine): row ``floor(u N_s)`` of the client for each u."""
-    batch_size = uniforms.shape[0]
-    size = layout.sizes[client]
-    sampled = jnp.minimum((uniforms * size).astype(jnp.int32), size - 1)
-    whole = jnp.arange(batch_size, dtype=jnp.int32)
-    rows = layout.offsets[client] + jnp.where(batch_size >= size, whole, sampled)
-    batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], layout.data)
-    return batch, size
+    the engine). ``may_be_smaller``: whether a client can have fewer rows than the batch
+    (``None``: read from the layout's sizes, which must then be concrete)."""
+    if may_be_smaller is None:
+        may_be_smaller = some_client_smaller(layout.sizes, uniforms.shape[0])
+    return take_minibatch(uniforms, layout.data, layout.offsets[client], layout.sizes[client],
+                          may_be_smaller)
 
 
-def client_gradient(flat_model: FlatModel, theta, batch, client_size, batch_size: int):
-    """(N_s / m) grad log p(x_s^(m) | theta): unbiased for the client's full-data gradient."""
-    scale = client_size.astype(theta.dtype) / batch_size
-    return scale * flat_model.grad_log_likelihood_sum(theta, batch)
+def client_gradient(flat_model: FlatModel, theta, minibatch: Minibatch):
+    """(N_s / m_s) grad log p(x_s^(m_s) | theta) with m_s = min(m, N_s): unbiased for the
+    client's full-data gradient, and exact when the client has at most m rows."""
+    return likelihood_gradient(flat_model, theta, minibatch)
 
 
-def dsgld_gradient(flat_model: FlatModel, theta, batch, client_size, batch_size: int, client_weight):
-    """Equation (4): grad log p(theta) + N_s / (f_s m) grad log p(x_s^(m) | theta)."""
-    return flat_model.grad_log_prior(theta) + client_gradient(
-        flat_model, theta, batch, client_size, batch_size
-    ) / client_weight
+def dsgld_gradient(flat_model: FlatModel, theta, minibatch: Minibatch, client_weight):
+    """Equation (4): grad log p(theta) + N_s / (f_s m_s) grad log p(x_s^(m_s) | theta),
+    m_s = min(m, N_s) (``batch_size`` is an upper bound; unbiased either way)."""
+    return flat_model.grad_log_prior(theta) + client_gradient(flat_model, theta, minibatch) / client_weight
 
 
 def conducive_gradient(
@@ -122,8 +118,8 @@ def estimator_moments(flat_model: FlatModel, data: ConcatenatedData, client, cli
     """
 
     def estimate(probe_key):
-        batch, size = draw_minibatch(probe_key, data, client, batch_size)
-        return dsgld_gradient(flat_model, theta, batch, size, batch_size, client_weight) + (
+        minibatch = draw_minibatch(probe_key, data, client, batch_size)
+        return dsgld_gradient(flat_model, theta, minibatch, client_weight) + (
             alpha * conducive_gradient(theta, client, client_weight, surrogates, global_surrogate)
         )
 

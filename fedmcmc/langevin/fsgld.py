@@ -126,9 +126,9 @@ def build_kernel(
     """
     terms = conducive_terms(surrogates, global_surrogate, client_weights)
 
-    def estimator(theta, batch, client, client_size, iteration):
+    def estimator(theta, minibatch, client, iteration):
         f_s = client_weights[client]
-        base = dsgld_gradient(flat_model, theta, batch, client_size, batch_size, f_s)
+        base = dsgld_gradient(flat_model, theta, minibatch, f_s)
         conducive = alpha(iteration).astype(theta.dtype) * conducive_gradient_from_terms(
             theta, client, terms)
         if trust_region is not None:

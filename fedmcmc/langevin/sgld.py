@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from .. import rng
 from ..federation import ConcatenatedData
+from ..minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
 
 __all__ = ["SGLDState", "StepNoise", "LangevinStep", "run_updates", "init", "langevin_update",
@@ -118,7 +119,7 @@ def build_kernel(
 
     Equation (2): v(theta) = grad log p(theta) + (N/m) grad log p(x^(m) | theta),
     the minibatch drawn uniformly (with replacement) from all N examples;
-    ``batch_size == N`` uses every example once (exact gradient).
+    ``batch_size >= N`` uses every example once (the exact gradient; :mod:`fedmcmc.minibatch`).
     """
     total = jnp.sum(data.sizes)
     dim = flat_model.dim
@@ -127,15 +128,14 @@ def build_kernel(
         # scheduler slot unused here; the minibatch and the noise keys are the 2nd and 3rd
         return step_noise(key, batch_size, dim, flat_model.dtype)
 
+    # batch_size is an upper bound (fedmcmc.minibatch): a batch at least as large as the
+    # data is the full-data gradient (every row once)
+    may_be_smaller = some_client_smaller(data.sizes.sum()[None], batch_size)
+
     def apply(random: StepNoise, state: SGLDState) -> SGLDState:
-        sampled = jnp.minimum((random.batch * total).astype(jnp.int32), total - 1)
-        # a batch as large as the data is the full-data gradient (every row once)
-        rows = jnp.where(batch_size >= total, jnp.arange(batch_size, dtype=jnp.int32), sampled)
-        batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], data.data)
+        minibatch = take_minibatch(random.batch, data.data, 0, total, may_be_smaller)
         theta = state.position
-        gradient = flat_model.grad_log_prior(theta) + (
-            total.astype(theta.dtype) / batch_size
-        ) * flat_model.grad_log_likelihood_sum(theta, batch)
+        gradient = flat_model.grad_log_prior(theta) + likelihood_gradient(flat_model, theta, minibatch)
         h = schedule(state.iteration)
         if noise:
             position = langevin_move(theta, gradient, h, random.normal)

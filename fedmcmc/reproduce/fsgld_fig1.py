@@ -41,8 +41,8 @@ def _estimators(quick: bool):
         sgld = flat.grad_log_prior(theta) + total / batch * flat.grad_log_likelihood_sum(
             theta, jax.tree_util.tree_map(lambda leaf: leaf[rows], pooled))
         client = estimators.draw_client(k_client, cumulative)
-        data, size = estimators.draw_minibatch(k_batch, layout, client, batch)
-        dsgld = estimators.dsgld_gradient(flat, theta, data, size, batch, weights[client])
+        minibatch = estimators.draw_minibatch(k_batch, layout, client, batch)
+        dsgld = estimators.dsgld_gradient(flat, theta, minibatch, weights[client])
         fsgld = dsgld + estimators.conducive_gradient(
             theta, client, weights[client], surrogates, global_surrogate)
         full = flat.grad_log_prior(theta) + flat.grad_log_likelihood_sum(theta, pooled)
