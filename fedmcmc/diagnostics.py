@@ -190,7 +190,7 @@ def kl_gaussian_fit(x: Any, y: Any) -> float:
 
 def mmd(x: Any, y: Any, bandwidth: Optional[float] = None, max_points: int = 2000,
         seed: int = 0) -> float:
-    """Maximum mean discrepancy with a Gaussian kernel exp(-|u - v|^2 / (2 l^2)).
+    """Maximum mean discrepancy with a Gaussian kernel ``exp(-|u - v|^2 / (2 l^2))``.
 
     The square root of the (non-negative, biased) V-statistic of MMD^2 on
     subsamples of at most ``max_points`` points each. ``bandwidth`` l defaults to
@@ -232,8 +232,8 @@ def compare(x: Any, reference: Any, max_points: int = 1000, seed: int = 0) -> Di
     """Every distance between draws ``x`` and ``reference`` draws, as plain Python numbers.
 
     Keys: ``w1_marginal`` (list per coordinate), ``w1_marginal_mean``, ``w1_joint``,
-    ``kl_gaussian`` (None when a Gaussian fit is singular), ``mmd``, ``mean_abs_error`` (max over coordinates of |mean
-    difference|), ``sd_rel_error`` (max over coordinates of |sd_x / sd_ref - 1|).
+    ``kl_gaussian`` (None when a Gaussian fit is singular), ``mmd``, ``mean_abs_error`` (max over coordinates of ``|mean
+    difference|``), ``sd_rel_error`` (max over coordinates of ``|sd_x / sd_ref - 1|``).
     """
     a, b = _pair(x, reference)
     w1 = wasserstein_marginal(a, b)

@@ -252,11 +252,13 @@ def stationary_distribution(
     stationary mean (I - F)^{-1} c and covariance S = F S F^T + G (2 alpha n) G^T,
     solved with ``scipy.linalg.solve_discrete_lyapunov``.
 
-    DULA (3):      z = w, F = W_beta (x) I - alpha n A, c = alpha n b.
-    GT-DULA (7-8): z = (w, y) with e = d - g_hat(w) = (V (x) I) y,
-                   F = [[W_beta (x) I - alpha n A, -alpha n U],
-                        [-gamma U^T (L (x) I) A,   U^T (W_gamma (x) I) U]],
-                   c = (alpha n b, gamma U^T (L (x) I) b), U = V (x) I.
+    ::
+
+        DULA (3):      z = w, F = W_beta (x) I - alpha n A, c = alpha n b.
+        GT-DULA (7-8): z = (w, y) with e = d - g_hat(w) = (V (x) I) y,
+                       F = [[W_beta (x) I - alpha n A, -alpha n U],
+                            [-gamma U^T (L (x) I) A,   U^T (W_gamma (x) I) U]],
+                       c = (alpha n b, gamma U^T (L (x) I) b), U = V (x) I.
 
     ``gradient_noise`` (n, d, d): covariances of additive minibatch noise in the local
     gradient estimates (exact for Gaussian-mean models, see

@@ -11,7 +11,7 @@ A graph is named (``"ring"``, ``"path"``, ``"star"``, ``"complete"``,
 ``n`` agents, or given as any connected ``networkx`` graph with ``n`` nodes;
 agent ``i`` is then the ``i``-th node of ``list(graph.nodes)``.
 
-Agents' states are mixed with an edge list so one mixing step costs O(|E| d),
+Agents' states are mixed with an edge list so one mixing step costs ``O(|E| d)``,
 not O(n^2 d): when the degrees are nearly uniform (ring, torus, exponential,
 grid, ...) as a table of neighbour indices (one row gather per neighbour slot,
 fused with the rest of the update), otherwise with gather + ``segment_sum``;
@@ -326,7 +326,7 @@ def check_condition_1(
     """Check the graph parts of Condition 1: beta <= min(1, n / lambda_n), gamma <= min(beta, 1 / lambda_2).
 
     Also checks that the mixing steps contract the disagreement between
-    agents, |1 - beta lambda_i| < 1 for every non-zero Laplacian eigenvalue,
+    agents, ``|1 - beta lambda_i| < 1`` for every non-zero Laplacian eigenvalue,
     i.e. beta * lambda_n < 2 (and the same for gamma): Condition 1 alone does
     not imply it (beta = 1 on a ring of 5 or more agents has beta * lambda_n > 2,
     and the agents' disagreement then grows geometrically).

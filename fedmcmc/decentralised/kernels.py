@@ -4,7 +4,7 @@ One kernel state holds EVERY agent of one chain: positions ``w`` of shape
 ``(n, d)`` (agent ``i`` is row ``i``), and for GT-DULA the gradient trackers
 ``d`` and the last local gradient estimates ``g_hat``. A step updates all
 agents at once (``vmap`` over agents for the gradients, one mixing product
-for the consensus terms); the engine ``vmap``s it again over chains.
+for the consensus terms); the engine vmaps it again over chains.
 
 Conventions (see ``papers/README.md``): ``step_size`` alpha is the paper's;
 the drift is ``alpha * n * d_i`` (GT-DULA) or ``alpha * n * grad E_i`` (DULA)

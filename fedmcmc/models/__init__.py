@@ -9,6 +9,7 @@ row of a client's data pytree). Common ``model.attributes``:
                       vector, where the posterior is known (Gaussian mean,
                       Bernoulli, linear regression); ``data`` is the pooled
                       pytree or an ``fm.Federation``.
+
 ``"predict"``/``"apply"``  predictions / logits for a batch of inputs.
 
 PDMP bounds, in the convention of :mod:`fedmcmc.pdmp.bounds`: ``"hessian_bound"``

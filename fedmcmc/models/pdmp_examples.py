@@ -34,7 +34,7 @@ def ar1_student_t(nu: float = 3.0, prior_scale: float = None) -> Model:
     AR coefficient, the paper's name); one example is one transition
     ``{"prev": y_{k-1}, "next": y_k}`` of an observed trajectory (data from
     :func:`ar1_data`); flat prior unless ``prior_scale``; per-example elementwise
-    ``hessian_bound`` ((nu+1)/nu |(y, 1)(y, 1)^T|). Its log likelihood omits the
+    ``hessian_bound`` (``(nu+1)/nu |(y, 1)(y, 1)^T|``). Its log likelihood omits the
     Student-t normalising constant log Gamma((nu+1)/2) - log Gamma(nu/2) - log(nu pi)/2
     per example (immaterial for sampling; add it for predictive log-likelihoods).
     """

@@ -4,7 +4,7 @@ A worker's rate along the path is bounded by ``(a + b t)_+`` with ``a`` read
 off the gradient at the anchor point and ``b`` from a bound on the Hessian of
 its potential (Appendix A):
 
-* ``q``: elementwise, ``|d_ij U_m(x)| <= q_ij`` for all x (F.2: sum_i |xi_i xi_i^T| / 4);
+* ``q``: elementwise, ``|d_ij U_m(x)| <= q_ij`` for all x (F.2: ``sum_i |xi_i xi_i^T| / 4``);
 * ``l``: spectral, ``||grad^2 U_m(x)||_2 <= l`` (F.3: (nu+1)/nu sum (1 + y^2)).
 
 Both are kept (one derived from the other when only one is given) and the
