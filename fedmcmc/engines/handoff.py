@@ -486,6 +486,7 @@ ENGINE_OPTIONS = (
     "client_num_cpus",
     "audit_messages",
     "ray_init_options",
+    "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
     # testing only: {"client": s, "after_visits": k, "kind": "exit" | "hang"[, "seconds": t]}
     # makes client s die (os._exit) or hang during its (k+1)-th visit
     "fault_injection",

@@ -5,8 +5,13 @@
 ``ray_address``), or starts a local one bound to loopback
 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is set before Ray is imported; without
 it Ray replaces 127.0.0.1 by the machine's external address) and shuts down
-what it started. Ray's token authentication is left as Ray configures it (on
-by default since Ray 2.5x).
+what it started. Authentication (:mod:`fedmcmc.engines.ray_security`): the
+local instance runs with Ray's token authentication and a token generated for
+it (in a 0700 temporary directory, removed at shutdown); a cluster that is
+joined must have token authentication on every node, else the run is refused
+with :class:`~fedmcmc.engines.ray_security.UnauthenticatedClusterError` unless
+``allow_unauthenticated_cluster=True``. ``info["ray_authentication"]`` records
+which.
 
 :class:`RayTransport` implements :class:`~fedmcmc.engines.comm.Transport` with
 one actor per client; the protocols (``handoff.py`` for DSGLD/FSGLD) are the
@@ -37,56 +42,27 @@ Options of ``fm.sample(..., engine="ray", **options)``:
 ``ray_init_options``
     Extra keyword arguments of ``ray.init`` when a local instance is started
     (``num_cpus``, ``_temp_dir``, ...).
+``allow_unauthenticated_cluster``
+    ``False`` (default): refuse a cluster (joined, or ``RAY_AUTH_MODE=disabled``
+    for the local one) that runs without token authentication. ``True``: run on
+    it anyway; ``info["ray_authentication"]`` then says
+    ``"disabled (allowed by user)"``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from .comm import ClientFailure, Pending, Transport
+from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this module's API
+    LOOPBACK,
+    UnauthenticatedClusterError,
+    import_ray as _import_ray,
+    ray_session,
+    record_ray_authentication,
+)
 
-__all__ = ["ray_session", "RayTransport", "sample"]
-
-LOOPBACK = "127.0.0.1"
-
-
-def _import_ray():
-    # Must be set before Ray starts its processes: otherwise Ray replaces 127.0.0.1 by the
-    # external address of the machine (measured).
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    try:
-        import ray
-    except ImportError as error:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "engine='ray' needs Ray: pip install 'fedmcmc[ray]' (ray==2.60.0)"
-        ) from error
-    return ray
-
-
-@contextlib.contextmanager
-def ray_session(address: Optional[str] = None, init_options: Optional[Dict[str, Any]] = None):
-    """Use the running Ray instance, join ``address``, or start one on loopback.
-
-    Shuts down only what it started (or joined).
-    """
-    ray = _import_ray()
-    started = False
-    if not ray.is_initialized():
-        options = {"include_dashboard": False, "log_to_driver": False}
-        if address is None:
-            options.update(address="local", _node_ip_address=LOOPBACK)
-            options.update(init_options or {})
-        else:
-            options.update(address=address)
-        ray.init(**options)
-        started = True
-    try:
-        yield ray
-    finally:
-        if started:
-            ray.shutdown()
+__all__ = ["ray_session", "RayTransport", "sample", "UnauthenticatedClusterError"]
 
 
 class RayTransport(Transport):
@@ -178,8 +154,9 @@ def sample(algorithm, model, federation, *, init, num_samples, burn_in, thin, ch
     def make_transport(specs):
         return RayTransport(specs, resources=resources, num_cpus=num_cpus)
 
-    with ray_session(options.get("ray_address"), options.get("ray_init_options")):
-        return sample_handoff(
+    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
+                     options.get("allow_unauthenticated_cluster", False)):
+        return record_ray_authentication(sample_handoff(
             algorithm, model, federation, make_transport,
             init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
             seed=seed, engine_label="ray",
@@ -188,4 +165,4 @@ def sample(algorithm, model, federation, *, init, num_samples, burn_in, thin, ch
             audit_messages=bool(options.get("audit_messages", False)),
             fault_injection=options.get("fault_injection"),
             progress=progress,
-        )
+        ))
