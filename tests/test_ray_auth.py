@@ -36,6 +36,7 @@ ray = pytest.importorskip("ray", reason="engine='ray' needs ray (pip install 'fe
 import jax.numpy as jnp  # noqa: E402
 
 import fedmcmc as fm  # noqa: E402
+from fedmcmc.engines.comm import ClientFailureError  # noqa: E402
 from fedmcmc.engines.handoff import check_engine_options  # noqa: E402
 from fedmcmc.engines.ray_security import (  # noqa: E402
     AUTH_ENV_VARS,
@@ -97,10 +98,15 @@ def no_auth_env():
 DIM = 2
 
 
-def _federation():
+def _federation(num_clients=2):
     rng = np.random.default_rng(0)
-    return fm.Federation([rng.normal(1.0, 1.0, (12, DIM)).astype(np.float32),
-                          rng.normal(1.0, 1.0, (20, DIM)).astype(np.float32)])
+    return fm.Federation([rng.normal(1.0, 1.0, (12 + 8 * s, DIM)).astype(np.float32)
+                          for s in range(num_clients)])
+
+
+def _gaussian_model():
+    return fm.Model(log_prior=lambda theta: -0.5 * jnp.sum(theta ** 2) / 100.0,
+                    log_likelihood=lambda theta, row: -0.5 * jnp.sum((row - theta) ** 2))
 
 
 def _recording_model(record_path):
@@ -306,6 +312,22 @@ class TestStartedInstance:
         assert out.returncode == 0, (out.stdout, out.stderr[-2000:])
         assert "TASK RAN" in out.stdout and marker.exists()
 
+    @pytest.mark.slow
+    def test_every_ray_protocol_records_the_authentication(self, started):
+        """Neighbour exchange (DULA), broadcast (Fed Zig-Zag) and a hand-off run that stops
+        on a failed client (the error's partial result) all record it."""
+        model, federation = _gaussian_model(), _federation(3)
+        expected = {"ray_authentication": "token", "ray_instance": "joined"}
+        dula = fm.sample(model, federation, fm.DULA(step_size=1e-3, beta=0.3), init=jnp.zeros(DIM),
+                         num_samples=10, thin=2, chains=2, seed=1, engine="ray", **RUN_OPTIONS)
+        zigzag = fm.sample(model, federation, fm.FedZigZag(sample_interval=0.5),
+                           init=np.zeros(DIM, np.float32), num_samples=10, chains=2, seed=1,
+                           engine="ray", progress=False, **RUN_OPTIONS)
+        with pytest.raises(ClientFailureError) as failure:
+            _dsgld_run(model, fault_injection={"client": 1, "after_visits": 0, "kind": "exit"})
+        for info in (dula.info, zigzag.info, failure.value.result.info):
+            assert {key: info.get(key) for key in expected} == expected
+
 
 # --------------------------------------------------------------------- joining a cluster without auth
 
@@ -387,3 +409,77 @@ class TestUnauthenticatedCluster:
         recorded = _recorded(str(tmp_path / "traced"))
         for where in result.info["client_locations"]:
             assert {mode for mode, _ in recorded[where["pid"]]} == {"disabled"}
+
+
+# --------------------------------------------------------------------- slow: more Ray starts
+
+@pytest.mark.slow
+def test_fm_sample_starts_an_authenticated_instance_and_removes_its_token(no_auth_env, tmp_path):
+    if ray.is_initialized():
+        ray.shutdown()
+    record = str(tmp_path / "traced")
+    temp_dir = _short_temp_dir()
+    try:
+        result = _dsgld_run(_recording_model(record),
+                            ray_init_options={"num_cpus": 2, "_temp_dir": temp_dir})
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert result.info["ray_authentication"] == "token"
+    assert result.info["ray_instance"] == "started"
+    recorded = _recorded(record)
+    token_paths = set()
+    for where in result.info["client_locations"]:
+        modes = recorded[where["pid"]]
+        assert {mode for mode, _ in modes} == {"token"}
+        token_paths |= {path for _, path in modes}
+    (token_path,) = token_paths
+    assert os.path.basename(os.path.dirname(token_path)).startswith("fedmcmc-ray-auth-")
+    assert not os.path.exists(os.path.dirname(token_path))  # removed at shutdown
+    assert not ray.is_initialized()
+    assert all(name not in os.environ for name in AUTH_ENV_VARS)
+
+
+@pytest.mark.slow
+def test_joining_a_token_authenticated_multi_node_cluster(tmp_path):
+    """The README's recipe on loopback: head + one node per client, all with
+    RAY_AUTH_MODE=token and one token file; fm.sample joins it (every node is checked)."""
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    token_path = tmp_path / "cluster_token"
+    token_path.write_text("5a" * 32)
+    token_path.chmod(0o600)
+    environment = _AuthEnvironment()
+    environment.clear(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path))
+    temp_dir = _short_temp_dir()
+    previous_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp_dir  # cluster_utils writes its address file in ./ray
+    os.makedirs(os.path.join(temp_dir, "ray"))
+    cluster = None
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
+            "temp_dir": temp_dir})
+        for s in range(2):
+            cluster.add_node(num_cpus=1, resources={f"client_{s}": 1},
+                             node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        result = _dsgld_run(_gaussian_model(), ray_address=cluster.address,
+                            client_resources=[{f"client_{s}": 1} for s in range(2)])
+        assert result.info["ray_authentication"] == "token"
+        assert result.info["ray_instance"] == "joined"
+        # a process without the token cannot join it
+        out = _client(cluster.address, str(tmp_path / "marker"), _env_without_auth(**FAST_FAIL))
+        assert out.returncode == 3 and "Unauthenticated" in out.stderr, out.stderr[-2000:]
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        environment.restore()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if previous_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = previous_tmpdir

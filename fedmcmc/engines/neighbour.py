@@ -172,6 +172,7 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
     from ..results import Result
     from .handoff import check_engine_options
     from .ray_engine import RayTransport, ray_session
+    from .ray_security import session_authentication
 
     options = check_engine_options(options, algorithm.name)
     if options["on_client_failure"] != "stop":
@@ -202,7 +203,9 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
     total = burn_in + num_samples
     floats_per_message = chains * dim * (2 if tracking else 1)
     track = bool(algorithm.gradient_error)
-    with ray_session(options.get("ray_address"), options.get("ray_init_options")):
+    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
+                     options.get("allow_unauthenticated_cluster", False)):
+        authentication = session_authentication()  # for info (ray_security.py)
         transport = RayTransport(specs, resources=options.get("client_resources"),
                                  num_cpus=options.get("client_num_cpus", 0),
                                  audit=bool(options.get("audit_messages", False)))
@@ -286,8 +289,11 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
             if bar is not None:
                 bar[0].stop()
             transport.close()
-    return _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done,
-                   burn_in, thin, chains, topo, neighbours, floats_per_message, started, transport)
+    result = _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done,
+                     burn_in, thin, chains, topo, neighbours, floats_per_message, started,
+                     transport)
+    result.info.update(authentication)
+    return result
 
 
 def _failure(client: Optional[int], reason: str) -> ClientFailureError:

@@ -246,18 +246,20 @@ class _FedPDMP(Algorithm):
         init_jitter = check_nonnegative_float(init_jitter, "init_jitter")
         if engine == "ray":
             from ..engines.ray_engine import RayTransport, ray_session
+            from ..engines.ray_security import record_ray_authentication
 
             def make_transport(specs):
                 return RayTransport(specs, resources=engine_options.get("client_resources"),
                                     num_cpus=engine_options.get("client_num_cpus", 0))
 
             with ray_session(engine_options.get("ray_address"),
-                             engine_options.get("ray_init_options")):
+                             engine_options.get("ray_init_options"),
+                             engine_options.get("allow_unauthenticated_cluster", False)):
                 with jax.enable_x64(True):
-                    return self._sample_distributed(
+                    return record_ray_authentication(self._sample_distributed(
                         model, federation, init, num_samples, burn_in, chains, seed, progress,
                         skeleton_size, init_jitter, bool(rate_diagnostics), make_transport,
-                        "ray", engine_options)
+                        "ray", engine_options))
         with jax.enable_x64(True):
             return self._sample(model, federation, init, num_samples, burn_in, chains, seed,
                                 progress, skeleton_size, init_jitter, bool(rate_diagnostics),
