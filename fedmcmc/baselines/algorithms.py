@@ -213,30 +213,29 @@ class FALD(Algorithm):
                         reference_gradient_norm=float(jnp.linalg.norm(gradient_star)))
         step = self._kernel(flat_model, data, weights, k, control)
 
-        def draw_step(key, carry):
-            state, mid_round_uploads = carry
+        local_steps = self.local_steps
+
+        def draw_step(key, state):
             state, _ = jax.lax.scan(lambda s, kk: (step(kk, s), None), state,
                                     rng.split_key(key, thin))
-            # a draw taken inside a round needs every participant's local chain
-            inside = (state.iteration % self.local_steps != 0).astype(jnp.int32)
-            uploads = mid_round_uploads + inside * jnp.sum(state.coefficient > 0).astype(jnp.int32)
-            return (state, uploads), fald.draw(state), {"round": state.rounds}
+            state = fald.count_draw(state, local_steps)
+            return state, fald.draw(state), {"round": state.rounds}
 
-        states = _stack((fald.init(theta0, weights), jnp.zeros((), jnp.int32)), chains)
+        states = _stack(fald.init(theta0, weights), chains)
         start_draw = run_options.pop("start_draw", 0)
         resume_state = run_options.pop("resume_state", None)
         if resume_state is not None:
             states = restore_states(states, resume_state)
         run = run_chains(
             draw_step, states, jax.random.key(seed), burn_in=burn_in, num_samples=num_samples,
-            position=lambda carry: fald.draw(carry[0]),
+            position=fald.draw,
             divergence_threshold=self.divergence_threshold, progress=progress, label=self.name,
             iterations_per_draw=thin, start_draw=start_draw, **run_options,
         )
-        final, uploads = run.state
+        final = run.state
         rounds = np.asarray(final.rounds)
         client_rounds = int(np.asarray(final.client_rounds, dtype=np.int64).sum())
-        mid_round = int(np.asarray(uploads, dtype=np.int64).sum())
+        mid_round = int(np.asarray(final.uploads_inside_rounds, dtype=np.int64).sum())
         # per round: the shared state down to each participant and its chain back up
         messages = 2 * client_rounds + mid_round
         info.update(

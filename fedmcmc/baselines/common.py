@@ -112,15 +112,15 @@ class GlobalMode(NamedTuple):
 
 
 def global_mode(flat_model: FlatModel, data: ConcatenatedData, theta0: jax.Array,
-                max_iterations: int = 500, tolerance: float = 1e-4) -> GlobalMode:
+                max_iterations: int = 500, tolerance: float = 1e-6) -> GlobalMode:
     """argmax_theta log p(theta) + sum_s log p(x_s | theta) by L-BFGS (optax, zoom line
     search), started at ``theta0``.
 
     Federated reading: every evaluation of the objective and its gradient is one round in
     which the server sends theta to every client and each returns its log-likelihood and
     gradient (d + 1 floats). Deterministic (no random numbers). Stops when the gradient
-    norm, relative to ``1 + |log pi|``, is below ``tolerance`` or after
-    ``max_iterations`` iterations.
+    norm, relative to ``1 + |log pi|``, is below ``tolerance``, when an iteration does not
+    decrease -log pi (float32 precision reached), or after ``max_iterations`` iterations.
     """
     import optax
 
@@ -134,6 +134,7 @@ def global_mode(flat_model: FlatModel, data: ConcatenatedData, theta0: jax.Array
         theta: jax.Array
         state: Any
         value: jax.Array
+        previous: jax.Array
         grad_norm: jax.Array
         iteration: jax.Array
 
@@ -142,16 +143,19 @@ def global_mode(flat_model: FlatModel, data: ConcatenatedData, theta0: jax.Array
         updates, state = solver.update(grad, carry.state, carry.theta, value=value, grad=grad,
                                        value_fn=negative_log_posterior)
         theta = optax.apply_updates(carry.theta, updates)
-        return Carry(theta, state, value, jnp.linalg.norm(grad), carry.iteration + 1)
+        return Carry(theta, state, value, carry.value, jnp.linalg.norm(grad), carry.iteration + 1)
 
     def keep_going(carry: Carry):
         small = carry.grad_norm <= tolerance * (1.0 + jnp.abs(carry.value))
-        return (carry.iteration < max_iterations) & ~small & jnp.isfinite(carry.grad_norm)
+        finite = jnp.isfinite(carry.grad_norm) & jnp.isfinite(carry.value)
+        progress = (carry.iteration < 2) | (carry.value < carry.previous)
+        return (carry.iteration == 0) | (
+            (carry.iteration < max_iterations) & ~small & finite & progress)
 
     @jax.jit
     def run(theta):
-        start = Carry(theta, solver.init(theta), jnp.asarray(jnp.inf, theta.dtype),
-                      jnp.asarray(jnp.inf, theta.dtype), jnp.zeros((), jnp.int32))
+        inf = jnp.asarray(jnp.inf, theta.dtype)
+        start = Carry(theta, solver.init(theta), inf, inf, inf, jnp.zeros((), jnp.int32))
         end = jax.lax.while_loop(keep_going, step, start)
         final_grad = jax.grad(negative_log_posterior)(end.theta)
         linesearch = optax.tree_utils.tree_get(end.state, "num_linesearch_steps")

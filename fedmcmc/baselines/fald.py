@@ -75,7 +75,8 @@ from ..federation import ConcatenatedData
 from ..model import FlatModel
 from .common import batch_likelihood_gradients, client_rows
 
-__all__ = ["FALDState", "ControlVariates", "init", "build_kernel", "draw"]
+__all__ = ["FALDState", "ControlVariates", "independent_noise_scales", "init", "build_kernel",
+           "draw", "count_draw"]
 
 
 class FALDState(NamedTuple):
@@ -85,6 +86,9 @@ class FALDState(NamedTuple):
     iteration: jax.Array  # int32: local steps done (iterations)
     rounds: jax.Array  # int32: rounds started (server averages + broadcasts)
     client_rounds: jax.Array  # int32: sum over rounds of the participating clients
+    # int32: participants' uploads for draws taken inside a round (kept by the draw loop:
+    # such a draw needs every participant's local chain); the kernel does not touch it
+    uploads_inside_rounds: jax.Array
 
 
 class ControlVariates(NamedTuple):
@@ -92,6 +96,13 @@ class ControlVariates(NamedTuple):
 
     position: jax.Array  # (d,) theta*
     gradient: jax.Array  # (d,) grad log pi(theta*) (0 at the exact mode)
+
+
+def independent_noise_scales(step_size, weights):
+    """sigma_s = sqrt(h / f_s): Deng et al.'s independent noise sqrt(2 eta / p_c) in the
+    project's convention (eta = h/2). sum_s f_s^2 sigma_s^2 = h: the f-weighted average of
+    the clients' chains receives exactly the N(0, h I) of a Langevin step."""
+    return jnp.sqrt(step_size / weights)
 
 
 def init(position: jax.Array, weights: jax.Array) -> FALDState:
@@ -104,12 +115,20 @@ def init(position: jax.Array, weights: jax.Array) -> FALDState:
         iteration=jnp.zeros((), jnp.int32),
         rounds=jnp.zeros((), jnp.int32),
         client_rounds=jnp.zeros((), jnp.int32),
+        uploads_inside_rounds=jnp.zeros((), jnp.int32),
     )
 
 
 def draw(state: FALDState) -> jax.Array:
     """sum_s a_s theta_s: the average of the participating clients' chains."""
     return state.coefficient @ state.local
+
+
+def count_draw(state: FALDState, local_steps: int) -> FALDState:
+    """Record a kept draw: inside a round it costs one upload per participant."""
+    inside = (state.iteration % local_steps != 0).astype(jnp.int32)
+    uploads = inside * jnp.sum(state.coefficient > 0).astype(jnp.int32)
+    return state._replace(uploads_inside_rounds=state.uploads_inside_rounds + uploads)
 
 
 def build_kernel(
@@ -136,7 +155,7 @@ def build_kernel(
     likelihood_gradients = batch_likelihood_gradients(flat_model, data)
     prior_gradients = jax.vmap(flat_model.grad_log_prior)
     h = jnp.asarray(step_size, dtype)
-    full_scale = jnp.sqrt(h / f)
+    full_scale = independent_noise_scales(h, f)
 
     def directions(positions, picked):
         """g_s(theta_s) for every client, (S, d)."""
