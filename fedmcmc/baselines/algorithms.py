@@ -473,6 +473,8 @@ class ConsensusMC(Algorithm):
 
     ``num_samples``, ``chains``: per client (every chain of every client is a NUTS chain;
     the g-th combined draw of a chain combines the clients' g-th draws of that chain).
+    The clients' own draws are in ``result.info["client_samples"]`` (each leaf of shape
+    ``(chains, num_samples, S, *leaf_shape)``).
     ``thin``: NUTS transitions per kept draw. ``burn_in``: NUTS warm-up (window
     adaptation of the step size and a diagonal mass matrix) of ``burn_in * thin``
     transitions, discarded, unless ``num_warmup`` is given.
@@ -607,4 +609,5 @@ class ConsensusMC(Algorithm):
                                  "model on each client's data")
         combined, _ = consensus.combine(client_draws, self.weighting)
         samples = unravel_numpy(flat_model, combined.astype(flat_model.dtype))
+        info["client_samples"] = unravel_numpy(flat_model, client_draws)
         return Result(samples=samples, info=info, sample_stats={}, algorithm=self.name)

@@ -1,0 +1,114 @@
+"""Consensus Monte Carlo (fm.ConsensusMC) on a case where it is exact.
+
+With Gaussian likelihoods and a Gaussian prior every subposterior
+p(x_s | mu) p(mu)^(1/S) is Gaussian and the precision-weighted average of the clients'
+draws is distributed as the posterior. The weights W_s are estimated from the draws,
+which adds to the error of the combined mean (delta method, per coordinate)
+
+    Var = sum_s (w_s / W)^2 (2 / n) (m_s - m)^2,
+
+w_s the subposterior precision, m_s its mean, n the draws per client (NUTS draws of a
+Gaussian are close to independent); the tolerance of the mean adds this to the
+ESS-based variance. The variance band is ESS-based (the weights' error enters it only at
+second order: the precision weighting minimises the combined variance). The same check
+rejects the plain (equal-weight) average of the same draws on clients of unequal sizes.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedmcmc as fm
+from fedmcmc.baselines import consensus
+
+from stats import ess_per_coordinate, variance_ratio_bounds
+
+DIM = 2
+GAUSSIAN = fm.models.gaussian_mean(DIM)  # x ~ N(mu, I), mu ~ N(0, I)
+
+
+def federation(seed=0, sizes=(10, 30, 20, 60), spread=0.3):
+    rng = np.random.default_rng(seed)
+    means = 0.5 + rng.uniform(-spread, spread, size=(len(sizes), DIM))
+    clients = [rng.normal(m, 1.0, size=(n, DIM)).astype(np.float32) for m, n in zip(means, sizes)]
+    return fm.Federation(clients)
+
+
+def consensus_check(draws, federation, z=4.0):
+    """Mean and variance of the combined draws against the exact posterior, with the
+    weight-estimation term in the mean's tolerance (module docstring)."""
+    draws = np.asarray(draws, np.float64)
+    mean, cov = GAUSSIAN.attributes["exact_posterior"](federation)
+    var = np.diag(cov)
+    num_clients = federation.num_clients
+    precisions = np.array([len(c) + 1.0 / num_clients for c in federation.clients])
+    sub_means = np.stack([c.astype(np.float64).sum(0) / p
+                          for c, p in zip(federation.clients, precisions)])
+    share = precisions / precisions.sum()
+    n = draws.shape[0] * draws.shape[1]
+    extra = np.sum((share**2)[:, None] * (2.0 / n) * (sub_means - mean) ** 2, axis=0)
+    ess = ess_per_coordinate(draws)
+    flat = draws.reshape(-1, DIM)
+    z_mean = (flat.mean(0) - mean) / np.sqrt(var / ess + extra)
+    low, high = variance_ratio_bounds(ess, z)
+    ratio = flat.var(0) / var
+    ok_mean = bool(np.all(np.abs(z_mean) < z))
+    ok_var = bool(np.all((ratio > low) & (ratio < high)))
+    return {"ok": ok_mean and ok_var, "ok_mean": ok_mean, "ok_var": ok_var, "z_mean": z_mean,
+            "var_ratio": ratio, "ess": ess}
+
+
+def test_gaussian_consensus_is_exact_and_equal_weights_are_rejected():
+    fed = federation()
+    result = fm.sample(GAUSSIAN, fed, fm.ConsensusMC(), init=jnp.zeros(DIM), num_samples=1000,
+                       burn_in=300, chains=4, seed=0, progress=False)
+    figures = consensus_check(result.flat_samples(), fed)
+    assert figures["ok"], figures
+    info = result.info
+    assert info["rounds"] == 1 and info["messages"] == 2 * 4
+    assert info["warmup_steps"] == 300
+    assert info["floats_communicated"] == 4 * DIM + 4 * 4 * 1000 * DIM
+    assert sum(info["divergent_transitions_per_client"]) == 0
+    client_draws = info["client_samples"]
+    assert client_draws.shape == (4, 1000, 4, DIM)
+    # the plain average of the same draws: wrong on clients of unequal sizes
+    equal, _ = consensus.combine(client_draws, "equal")
+    assert not consensus_check(equal, fed)["ok"]
+    # result.samples are the precision-weighted combination of info["client_samples"]
+    again, weights = consensus.combine(client_draws, "precision")
+    np.testing.assert_allclose(again, result.flat_samples(), rtol=1e-4, atol=1e-5)
+    # and the estimated weights are close to the exact subposterior precisions n_s + 1/S
+    exact = np.array([len(c) + 0.25 for c in fed.clients])
+    np.testing.assert_allclose(np.diagonal(weights, axis1=1, axis2=2), exact[:, None] * np.ones(DIM),
+                               rtol=0.15)
+
+
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        (dict(weighting="median"), "weighting"),
+        (dict(num_warmup=-1), "num_warmup"),
+        (dict(step_size=0.0), "step_size"),
+        (dict(target_acceptance=1.0), "target_acceptance"),
+        (dict(max_num_doublings=0), "max_num_doublings"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        fm.ConsensusMC(**kwargs)
+
+
+def test_too_few_draws_for_precision_weights_and_no_resume():
+    fed = federation()
+    with pytest.raises(ValueError, match="num_samples"):
+        fm.sample(GAUSSIAN, fed, fm.ConsensusMC(), init=jnp.zeros(DIM), num_samples=1,
+                  chains=2, progress=False)
+    with pytest.raises(ValueError, match="start_draw"):
+        fm.sample(GAUSSIAN, fed, fm.ConsensusMC(), init=jnp.zeros(DIM), num_samples=10,
+                  chains=2, progress=False, start_draw=3)
+
+
+def test_warmup_steps_default():
+    assert fm.ConsensusMC().warmup_steps(burn_in=0, thin=1) == 200
+    assert fm.ConsensusMC().warmup_steps(burn_in=50, thin=2) == 100
+    assert fm.ConsensusMC(num_warmup=7).warmup_steps(burn_in=50, thin=2) == 7
