@@ -5,6 +5,7 @@
 ...                    num_samples=1000)
 """
 
+from . import cache  # noqa: F401 - first: switches on the persistent compilation cache
 from . import datasets, diagnostics, models, partition, surrogates
 from .api import sample
 from .baselines import FALD, QLSD, ConsensusMC
@@ -42,4 +43,5 @@ __all__ = [
     "models",
     "datasets",
     "partition",
+    "cache",
 ]

@@ -1,0 +1,158 @@
+"""Time to first draws in a fresh process: cold against warm compilation cache, in one run.
+
+Each measurement is a new Python process that imports fedmcmc and then runs one small
+``fm.sample``: Bayesian logistic regression (d = 3 plus a bias, as a pytree), 4 clients of
+unequal size, 2 chains, 50 kept draws. The time reported is from after ``import fedmcmc`` to
+the draws in hand (the issue's "time to first draw"); the import itself is printed apart.
+
+* ``off``  -- ``FEDMCMC_COMPILATION_CACHE=0``: no persistent cache (fedmcmc before the cache);
+* ``cold`` -- the cache on, in a new empty directory (``FEDMCMC_CACHE_DIR`` = a fresh temporary
+  directory): every program compiled and written;
+* ``warm`` -- the same directory again, in another new process: programs read back.
+
+For each family (FSGLD with its default Laplace surrogates, Fed Zig-Zag) the three are run in
+turn ``--repeats`` times (default 2; a fresh directory for every cold run) and the fastest of
+each is kept. Printed: seconds, the ratios warm/cold and cold/off, and from JAX's monitoring
+events how many programs the run compiled or loaded, how many of those were cache hits, and
+the seconds spent tracing, lowering and compiling-or-loading.
+
+``--ray`` adds the Ray engine's set-up against the local engine: the same FSGLD run with
+``engine="ray"`` (one actor per client, Ray started on loopback in the child) after a warm
+local run, cold and warm cache, each in a fresh process; Ray's own start is included.
+
+    python benchmarks/bench_startup.py
+    python benchmarks/bench_startup.py --repeats 3 --ray
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+FAMILIES = ("FSGLD", "FedZigZag")
+
+CHILD = r"""
+import json, sys, time
+started = time.perf_counter()
+import fedmcmc as fm
+imported = time.perf_counter()
+import jax, jax.numpy as jnp, numpy as np
+from jax import monitoring
+
+counts, seconds = {}, {}
+def on_event(name, **kwargs):
+    counts[name] = counts.get(name, 0) + 1
+def on_duration(name, duration, **kwargs):
+    counts[name] = counts.get(name, 0) + 1
+    seconds[name] = seconds.get(name, 0.0) + duration
+monitoring.register_event_listener(on_event)
+monitoring.register_event_duration_secs_listener(on_duration)
+
+family, engine = sys.argv[1], sys.argv[2]
+rs = np.random.default_rng(1)
+model = fm.Model(
+    log_prior=lambda p: -0.5 * (jnp.sum(p["w"] ** 2) + p["b"] ** 2),
+    log_likelihood=lambda p, ex: ex["y"] * (ex["x"] @ p["w"] + p["b"])
+    - jnp.logaddexp(0.0, ex["x"] @ p["w"] + p["b"]),
+)
+clients = []
+for s, n in enumerate((120, 200, 80, 40)):
+    x = rs.normal(s - 1.5, 1, size=(n, 3)).astype(np.float32)
+    y = (rs.random(n) < 1 / (1 + np.exp(-(x @ np.array([1.0, -1.0, 0.5]) + 0.3)))).astype(np.float32)
+    clients.append({"x": x, "y": y})
+federation = fm.Federation(clients)
+init = {"w": jnp.zeros(3), "b": jnp.zeros(())}
+algorithm = {
+    "FSGLD": fm.FSGLD(step_size=1e-3, batch_size=20, local_steps=10),
+    "FedZigZag": fm.FedZigZag(sample_interval=0.5),
+}[family]
+result = fm.sample(model, federation, algorithm, init=init, num_samples=50, burn_in=10,
+                   chains=2, seed=0, progress=False, engine=engine)
+jax.block_until_ready(result.samples)
+finished = time.perf_counter()
+print(json.dumps({
+    "import": imported - started,
+    "run": finished - imported,
+    "programs": counts.get("/jax/core/compile/backend_compile_duration", 0),
+    "hits": counts.get("/jax/compilation_cache/cache_hits", 0),
+    "traces": counts.get("/jax/core/compile/jaxpr_trace_duration", 0),
+    "trace_s": seconds.get("/jax/core/compile/jaxpr_trace_duration", 0.0),
+    "lower_s": seconds.get("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.0),
+    "compile_s": seconds.get("/jax/core/compile/backend_compile_duration", 0.0),
+}))
+"""
+
+
+def child(family: str, engine: str, mode: str, cache_dir: str | None) -> dict:
+    """Run one fresh process; ``mode`` is off, cold or warm."""
+    env = dict(os.environ)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    if mode == "off":
+        env["FEDMCMC_COMPILATION_CACHE"] = "0"
+    else:
+        env["FEDMCMC_COMPILATION_CACHE"] = "1"
+        env["FEDMCMC_CACHE_DIR"] = cache_dir
+    out = subprocess.run([sys.executable, "-c", CHILD, family, engine], env=env,
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{family} {engine} {mode} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(family: str, engine: str, repeats: int, modes=("off", "cold", "warm")) -> dict:
+    best: dict[str, dict] = {}
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="fedmcmc-bench-cache-") as cache_dir:
+            for mode in modes:
+                figures = child(family, engine, mode, cache_dir)
+                if mode not in best or figures["run"] < best[mode]["run"]:
+                    best[mode] = figures
+    return best
+
+
+def show(label: str, best: dict) -> None:
+    print(f"\n{label}")
+    print(f"  {'':6}{'import':>8}{'run':>8}{'programs':>10}{'hits':>6}{'traces':>8}"
+          f"{'trace':>8}{'lower':>8}{'compile':>9}  (s; compile = compile or load)")
+    for mode, f in best.items():
+        print(f"  {mode:6}{f['import']:8.2f}{f['run']:8.2f}{f['programs']:10d}{f['hits']:6d}"
+              f"{f['traces']:8d}{f['trace_s']:8.2f}{f['lower_s']:8.2f}{f['compile_s']:9.2f}")
+    if "cold" in best and "warm" in best:
+        print(f"  warm / cold = {best['warm']['run'] / best['cold']['run']:.2f}", end="")
+    if "cold" in best and "off" in best:
+        print(f";  cold / off = {best['cold']['run'] / best['off']['run']:.2f}", end="")
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--ray", action="store_true", help="also Ray set-up against local")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    print(f"python {sys.version.split()[0]}; load average at start {os.getloadavg()[0]:.1f}; "
+          f"fastest of {args.repeats}; time after `import fedmcmc` to 50 draws x 2 chains")
+    for family in args.families:
+        show(f"{family}, local engine", measure(family, "local", args.repeats))
+    if args.ray:
+        local = measure("FSGLD", "local", args.repeats, modes=("cold", "warm"))
+        ray = measure("FSGLD", "ray", args.repeats, modes=("cold", "warm"))
+        show("FSGLD, Ray engine (4 actors, Ray start included)", ray)
+        for mode in ("cold", "warm"):
+            print(f"  Ray / local, {mode} cache: "
+                  f"{ray[mode]['run']:.2f} / {local[mode]['run']:.2f} s = "
+                  f"{ray[mode]['run'] / local[mode]['run']:.1f}x")
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}; "
+          f"benchmark wall time {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Compiled programs kept on disk, so a new process does not compile them again.
+
+Almost all of a small ``fm.sample``'s time in a fresh process is XLA compilation. ``import
+fedmcmc`` therefore switches on JAX's persistent compilation cache under the user's cache
+directory::
+
+    $FEDMCMC_CACHE_DIR/jax            if FEDMCMC_CACHE_DIR is set (it also moves reference caches)
+    $XDG_CACHE_HOME/fedmcmc/jax       else, if XDG_CACHE_HOME is set
+    ~/.cache/fedmcmc/jax              else
+
+and caches every compiled program, however quick it was to compile (JAX's own default keeps
+only programs that took a second or more, which leaves out the many small programs a sampler's
+set-up compiles). Every process on a machine shares the directory: the Ray engine's client
+actors import fedmcmc, so actors of the same shapes compile once per node, not once per actor.
+
+The cache is left alone when the user configured JAX's (``JAX_COMPILATION_CACHE_DIR``,
+``jax.config.update("jax_compilation_cache_dir", ...)`` before ``import fedmcmc``, or
+``JAX_ENABLE_COMPILATION_CACHE=0``). ``FEDMCMC_COMPILATION_CACHE=0`` in the environment opts
+out (also in Ray actors started from that environment); :func:`disable` and :func:`enable`
+switch it in a running process; :func:`clear` (or deleting the directory) empties it. When the
+directory cannot be written, importing fedmcmc warns once (:class:`CompilationCacheWarning`) and
+runs without the cache.
+
+An entry's key is a hash of the program (its StableHLO), the compile options, XLA flags, the
+JAX/jaxlib version and the platform, so a stale entry is never used: a changed model, shape,
+dtype or library version is a different key. Draws are the same with and without the cache (a
+cached entry is the very executable the compiler produced). As JAX warns, the directory is
+trusted: do not point it at a directory other users can write.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import jax
+from jax.experimental.compilation_cache import compilation_cache as _jax_cache
+
+__all__ = [
+    "CompilationCacheWarning",
+    "default_directory",
+    "directory",
+    "enable",
+    "disable",
+    "clear",
+    "configure_default",
+]
+
+#: Environment variable that opts out of the cache: ``0``, ``false``, ``no`` or ``off``.
+ENVIRONMENT_SWITCH = "FEDMCMC_COMPILATION_CACHE"
+_OFF = {"0", "false", "no", "off"}
+_ON = {"", "1", "true", "yes", "on"}
+# JAX's own environment variables; a user who set one configured the cache themselves
+_JAX_DIRECTORY_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+_JAX_MIN_TIME_VARIABLE = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+# the file suffixes JAX's file cache (jax._src.lru_cache) writes: one entry, its access time
+_ENTRY_SUFFIXES = ("-cache", "-atime")
+
+_warned = False
+
+
+class CompilationCacheWarning(UserWarning):
+    """The compilation cache could not be used; fedmcmc runs on without it."""
+
+
+def default_directory() -> Path:
+    """Where fedmcmc keeps compiled programs when the user has not said otherwise.
+
+    ``$FEDMCMC_CACHE_DIR/jax``, else ``$XDG_CACHE_HOME/fedmcmc/jax``, else
+    ``~/.cache/fedmcmc/jax`` (the cache directory of the project's contract).
+    """
+    base = os.environ.get("FEDMCMC_CACHE_DIR")
+    if base:
+        return Path(base).expanduser() / "jax"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    # the XDG specification ignores a relative path
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "fedmcmc" / "jax"
+    return Path.home() / ".cache" / "fedmcmc" / "jax"
+
+
+def directory() -> Path | None:
+    """The directory compiled programs are read from and written to now, or None when off."""
+    path = jax.config.jax_compilation_cache_dir
+    if not path or not jax.config.jax_enable_compilation_cache:
+        return None
+    return Path(path)
+
+
+def _writable(path: Path) -> OSError | None:
+    """None when ``path`` (created if missing) takes a new file; otherwise the error."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as error:
+        return error
+    return None
+
+
+def _switch_on(path: Path, min_compile_time: float | None) -> None:
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_enable_compilation_cache", True)
+    if min_compile_time is not None:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time))
+
+
+def enable(path: str | os.PathLike | None = None, *, min_compile_time: float = 0.0) -> Path:
+    """Switch the persistent cache on in this process, at ``path`` (default :func:`default_directory`).
+
+    ``min_compile_time``: programs that took less (seconds) to compile are not written (0: all).
+    Takes effect for the next compilation, also when another directory was in use before.
+    Raises ValueError naming ``path`` when it cannot be written. Returns the directory.
+    """
+    if isinstance(min_compile_time, bool) or not isinstance(min_compile_time, (int, float)) \
+            or not min_compile_time >= 0:
+        raise ValueError(f"min_compile_time must be a number >= 0, got {min_compile_time!r}")
+    target = default_directory() if path is None else Path(path).expanduser()
+    error = _writable(target)
+    if error is not None:
+        raise ValueError(f"path {str(target)!r} cannot be used as a compilation cache: {error}")
+    _switch_on(target, min_compile_time)
+    # JAX opens its cache once per process, at the first compilation; start again so the
+    # next compilation opens this directory
+    _jax_cache.reset_cache()
+    return target
+
+
+def disable() -> None:
+    """Stop reading and writing compiled programs on disk in this process.
+
+    Sets JAX's ``jax_enable_compilation_cache`` to False, so it also stops a cache the user
+    configured; :func:`enable` switches it on again. Other processes (Ray actors included) are
+    not affected: set ``FEDMCMC_COMPILATION_CACHE=0`` in their environment for that.
+    """
+    jax.config.update("jax_enable_compilation_cache", False)
+    _jax_cache.reset_cache()
+
+
+def clear(path: str | os.PathLike | None = None) -> int:
+    """Delete the cached programs in ``path`` (default :func:`default_directory`).
+
+    Removes only the files JAX's cache writes there (``*-cache`` and ``*-atime``); returns how
+    many entries (``*-cache`` files) were removed. Safe while other processes run: one that
+    wanted a removed entry compiles the program again.
+    """
+    target = default_directory() if path is None else Path(path).expanduser()
+    if not target.is_dir():
+        return 0
+    removed = 0
+    for entry in target.iterdir():
+        if entry.is_file() and entry.name.endswith(_ENTRY_SUFFIXES):
+            try:
+                entry.unlink()
+            except FileNotFoundError:  # another process removed it first
+                continue
+            removed += entry.name.endswith("-cache")
+    return removed
+
+
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(message, CompilationCacheWarning, stacklevel=3)
+
+
+def configure_default() -> Path | None:
+    """Switch the cache on at :func:`default_directory` unless the user decided otherwise.
+
+    Called by ``import fedmcmc``. Does nothing when ``FEDMCMC_COMPILATION_CACHE`` opts out, when
+    JAX's cache directory is already set (``JAX_COMPILATION_CACHE_DIR`` or
+    ``jax.config.update``) or JAX's cache is switched off (``JAX_ENABLE_COMPILATION_CACHE=0``).
+    When the directory cannot be written it warns once and leaves the cache off. Programs are
+    cached whatever their compile time, unless ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` is
+    set. Returns the directory switched on, or None.
+    """
+    switch = os.environ.get(ENVIRONMENT_SWITCH, "").strip().lower()
+    if switch in _OFF:
+        return None
+    if switch not in _ON:
+        _warn_once(f"{ENVIRONMENT_SWITCH}={os.environ[ENVIRONMENT_SWITCH]!r} is not one of "
+                   f"0/false/no/off or 1/true/yes/on; the compilation cache stays on")
+    if jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
+        return None
+    target = default_directory()
+    error = _writable(target)
+    if error is not None:
+        _warn_once(f"fedmcmc's compilation cache {str(target)!r} cannot be written ({error}); "
+                   f"running without it (set {ENVIRONMENT_SWITCH}=0 to silence this, or "
+                   f"FEDMCMC_CACHE_DIR to a writable directory)")
+        return None
+    min_time = None if os.environ.get(_JAX_MIN_TIME_VARIABLE) else 0.0
+    _switch_on(target, min_time)
+    return target
+
+
+# ``import fedmcmc`` imports this module before anything compiles
+configure_default()
