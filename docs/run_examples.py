@@ -1,7 +1,7 @@
 """Run every ```python block of the documentation, page by page, so the docs cannot rot.
 
     python docs/run_examples.py                  # every page under docs/
-    python docs/run_examples.py docs/tutorials/langevin.md ...
+    python docs/run_examples.py docs/tutorials/langevin.md README.md ...
 
 A page's blocks run in order in one fresh namespace (a later block sees what an earlier one
 defined), with the working directory docs/_generated/<page>/: files a block writes (the
@@ -63,8 +63,12 @@ def pages(root: Path = DOCS):
 
 
 def output_dir(page: Path) -> Path:
-    """docs/_generated/<page path without .md>/: where a page's blocks run and write files."""
-    return GENERATED / page.resolve().relative_to(DOCS).with_suffix("")
+    """docs/_generated/<page path without .md>/: where a page's blocks run and write files
+    (a page outside docs/, such as the README, gets docs/_generated/_outside/<name>/)."""
+    page = page.resolve()
+    if DOCS in page.parents:
+        return GENERATED / page.relative_to(DOCS).with_suffix("")
+    return GENERATED / "_outside" / page.stem
 
 
 def run_page(page: Path) -> list:
@@ -96,6 +100,11 @@ def run_page(page: Path) -> list:
     return failures
 
 
+def _shown(page: Path) -> str:
+    page = page.resolve()
+    return str(page.relative_to(DOCS)) if DOCS in page.parents else str(page)
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -107,10 +116,10 @@ def main(argv=None) -> int:
         failures += page_failures
         count = len(python_blocks(page.read_text(encoding="utf-8")))
         status = "FAILED" if page_failures else "ok"
-        print(f"{status:6s} {page.relative_to(DOCS)}: {count} block(s), "
+        print(f"{status:6s} {_shown(page)}: {count} block(s), "
               f"{time.perf_counter() - started:.1f} s", flush=True)
     for page, line, text in failures:
-        print(f"\n--- {page.relative_to(DOCS)}, block starting at line {line} ---\n{text}")
+        print(f"\n--- {_shown(page)}, block starting at line {line} ---\n{text}")
     return 1 if failures else 0
 
 

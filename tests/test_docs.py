@@ -2,8 +2,8 @@
 
 Two steps, each in its own process (the test process's JAX state stays untouched):
 
-1. ``docs/run_examples.py`` runs every page's ```python blocks in order (the tutorials'
-   plots are written by their own code into docs/_generated/<page>/);
+1. ``docs/run_examples.py`` runs every page's ```python blocks in order, and the README's (the
+   tutorials' plots are written by their own code into docs/_generated/<page>/);
 2. ``sphinx-build -W`` builds the site into a temporary folder, reusing those figures, so an
    example that stops working, a name that leaves the API or a docstring that breaks the
    build fails here.
@@ -84,7 +84,7 @@ def test_every_page_runs_and_the_docs_build_with_warnings_as_errors(tmp_path):
     pages = run_examples.pages()
     assert len(pages) >= 15, [str(p) for p in pages]
     ran = subprocess.run(
-        [sys.executable, str(DOCS / "run_examples.py")],
+        [sys.executable, str(DOCS / "run_examples.py"), *map(str, pages), str(ROOT / "README.md")],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800,
     )
     assert ran.returncode == 0, ran.stdout[-20000:] + ran.stderr[-5000:]
