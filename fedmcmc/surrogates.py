@@ -269,6 +269,31 @@ def fit_laplace(
     return _taylor_surrogate(flat_model, modes, padded, diagonal)
 
 
+def expand_at_global_mode(flat_model: FlatModel, federation: Federation,
+                          surrogates: GaussianSurrogates, theta0: jax.Array, rounds: int = 3):
+    """Surrogates re-expanded at the *global* mode (used by FSGLD's ``step_size="auto"``).
+
+    Laplace surrogates are expansions at each client's own mode; for a client with a
+    handful of rows that mode is far from the global posterior, and there its q_s no
+    longer matches the client's gradient: the conducive term then leaves an offset of
+    order (1/f_s) x that mismatch during the client's visits. Here the server finds the
+    mode of prior x prod_s q_s (:func:`laplace_of_product`), sends it to the clients, and
+    each client replaces q_s by the second-order expansion of its log likelihood at that
+    point (d + d^2 floats back); ``rounds`` such rounds are a distributed Newton method
+    on the global posterior. At the final mode every client's q_s matches its gradient
+    and curvature, so the conducive term cancels the client offsets there to first order.
+    Returns ``(surrogates, mode)``.
+    """
+    padded = federation.padded()
+    diagonal = surrogates.diagonal
+    center, _ = laplace_of_product(flat_model, surrogates, theta0)
+    for _ in range(int(rounds)):
+        anchors = jnp.broadcast_to(center, (federation.num_clients,) + center.shape)
+        surrogates = _taylor_surrogate(flat_model, anchors, padded, diagonal)
+        center, _ = laplace_of_product(flat_model, surrogates, center)
+    return surrogates, center
+
+
 def fit_sgld(
     flat_model: FlatModel,
     federation: Federation,

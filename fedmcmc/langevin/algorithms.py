@@ -8,6 +8,7 @@ papers' convention: ``theta + (h/2) grad + N(0, h I)`` with ``h = step_size``.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Callable, Optional
 
 import jax
@@ -24,19 +25,97 @@ from ..algorithm import (
 from .. import rng
 from ..checkpoint import restore_states, split_run_options
 from ..engines.local import run_chains
+from ..federation import ConcatenatedData
 from ..results import Result, SamplingDivergedError
 from .. import surrogates as surrogate_module
 from . import dsgld, fsgld, sgld
+from . import step_size as step_size_module
+from . import estimators
+from .estimators import conducive_gradient_from_terms, conducive_terms, draw_minibatch, dsgld_gradient
 from .schedules import as_schedule
 
-__all__ = ["SGLD", "DSGLD", "FSGLD"]
+__all__ = ["SGLD", "DSGLD", "FSGLD", "StepSizeWarning"]
 
 
 def _check_step_size(step_size: Any) -> Any:
-    if callable(step_size):
+    if callable(step_size) or (isinstance(step_size, str) and step_size == "auto"):
         return step_size
+    if isinstance(step_size, str):
+        raise ValueError(f"step_size must be a positive number, a schedule or 'auto', got {step_size!r}")
     check_positive_float(step_size, "step_size")
     return step_size
+
+
+def _check_tolerance(tolerance: Any) -> float:
+    tolerance = check_positive_float(tolerance, "step_size_tolerance")
+    if tolerance >= 1:
+        raise ValueError(f"step_size_tolerance must be below 1, got {tolerance!r}")
+    return tolerance
+
+
+#: minibatch draws per client for the estimator moments of "auto" and of the h check
+NOISE_PROBES_PER_CLIENT = 64
+
+
+#: Laplace draws per client at which the within-client noise is measured
+NOISE_POINTS_PER_CLIENT = 16
+
+
+def _client_noise(estimate, num_clients: int, center, precision, key, dim: int):
+    """Every client's noise statistics of its own estimator (``step_size.client_noise``, key
+    ``fold_in(key, s)``), computed from its own minibatches at draws of the Laplace fit
+    (center, precision): d + d^2 floats (or d + 1 above ``FULL_MOMENTS_MAX_DIM``) per client.
+    ``estimate(client, theta, key) -> (d,)``. Returns (within (S, ...), means (S, d))."""
+    full = dim <= step_size_module.FULL_MOMENTS_MAX_DIM
+    points = step_size_module.laplace_points(
+        jnp.asarray(center), jnp.asarray(precision, jnp.asarray(center).dtype),
+        jax.random.fold_in(key, 2**16), NOISE_POINTS_PER_CLIENT)
+
+    def one(client):
+        return step_size_module.client_noise(
+            lambda theta, k: estimate(client, theta, k), jnp.asarray(center), points,
+            jax.random.fold_in(key, client), NOISE_PROBES_PER_CLIENT, full)
+
+    within, means = jax.jit(jax.vmap(one))(jnp.arange(num_clients, dtype=jnp.int32))
+    return np.asarray(within), np.asarray(means)
+
+
+def _anchor_gradients(flat_model, federation, anchor):
+    """Each client's full-data log-likelihood gradient at ``anchor`` (the control variates'
+    G_s), computed from its own rows (vmapped over the padded clients)."""
+    padded = federation.padded()
+
+    @jax.jit
+    def gradients(anchor):
+        return jax.vmap(lambda rows, mask: flat_model.grad_log_likelihood_sum(anchor, rows, mask))(
+            padded.data, padded.mask)
+
+    return gradients(jnp.asarray(anchor))
+
+
+def _step_size_choice(step_size, tolerance, precision, covariance, name: str, info: dict) -> float:
+    """Resolve ``"auto"`` or check a given h (a warning when minibatch noise dominates);
+    record the choice in ``info``; returns the h the kernel uses (or the schedule)."""
+    if isinstance(step_size, str):
+        choice = step_size_module.choose_step_size(precision, covariance, tolerance)
+        info.update(choice.info(), step_size_auto=True, step_size_tolerance=tolerance)
+        return choice.step_size
+    if callable(step_size):
+        return step_size
+    choice = step_size_module.predict(step_size, precision, covariance)
+    info.update({k: v for k, v in choice.info().items() if k != "step_size"})
+    if choice.minibatch_noise_ratio > 1:
+        better = step_size_module.step_for_ratio(choice, tolerance)
+        warnings.warn(
+            f"{name}: step_size={step_size:g} makes minibatch noise {choice.minibatch_noise_ratio:.3g}x "
+            f"the injected noise (posterior variances inflated about that much); "
+            f"step_size={better:.3g} brings the ratio to {tolerance:g}, or pass step_size='auto'",
+            StepSizeWarning, stacklevel=4)
+    return step_size
+
+
+class StepSizeWarning(UserWarning):
+    """A given step size lets minibatch noise dominate the injected noise."""
 
 
 class _LangevinAlgorithm(Algorithm):
@@ -186,18 +265,24 @@ class SGLD(_LangevinAlgorithm):
 
     name = "SGLD"
 
-    def __init__(self, step_size, batch_size: int, *, noise: bool = True):
+    def __init__(self, step_size, batch_size: int, *, noise: bool = True,
+                 step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE):
         self.step_size = _check_step_size(step_size)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.noise = bool(noise)
+        self.step_size_tolerance = _check_tolerance(step_size_tolerance)
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         run_options = split_run_options(options, "SGLD")
         flat_model = model.flatten(init)
         data = federation.concatenated()
+        info = {"step_size": _describe(self.step_size), "batch_size": self.batch_size}
+        step_size = self.step_size
+        if step_size == "auto":
+            step_size = self._auto(flat_model, federation, data, flat_model.ravel(init), seed, info)
         step = sgld.build_kernel(
-            flat_model, data, self.batch_size, as_schedule(self.step_size), self.noise
+            flat_model, data, self.batch_size, as_schedule(step_size), self.noise
         )
         return self._run(
             step=step,
@@ -211,10 +296,30 @@ class SGLD(_LangevinAlgorithm):
             seed=seed,
             progress=progress,
             label="SGLD",
-            info={"step_size": _describe(self.step_size), "batch_size": self.batch_size},
+            info=info,
             client_aware=False,
             run_options=run_options,
         )
+
+
+    def _auto(self, flat_model, federation, data, theta0, seed, info) -> float:
+        """``step_size="auto"`` (``step_size.py``): the posterior's curvature from per-client
+        Laplace fits, the noise of the pooled-data estimator at their mode."""
+        key = jax.random.fold_in(jax.random.key(seed), 2**20 + 1)
+        laplace = surrogate_module.fit_surrogates("laplace", flat_model, federation, theta0, key)
+        center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
+        pooled = ConcatenatedData(data=data.data, offsets=data.offsets[:1],
+                                  sizes=jnp.sum(data.sizes, dtype=jnp.int32)[None])
+
+        def estimate(client, theta, probe_key):
+            minibatch = draw_minibatch(probe_key, pooled, client, self.batch_size)
+            return dsgld_gradient(flat_model, theta, minibatch, 1.0)
+
+        within, means = _client_noise(estimate, 1, center, precision, jax.random.fold_in(key, 7),
+                                      flat_model.dim)
+        covariance = step_size_module.noise_covariance([1.0], within, means)
+        return _step_size_choice("auto", self.step_size_tolerance, np.asarray(precision),
+                                 covariance, self.name, info)
 
 
 def _describe(step_size):
@@ -245,22 +350,88 @@ class DSGLD(_LangevinAlgorithm):
     #: "ray": one Ray actor per client (``fedmcmc.engines.ray_engine``)
     engines = ("local", "ray")
 
-    def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True):
+    def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True,
+                 step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
+                 control_variates: Optional[bool] = None):
         self.step_size = _check_step_size(step_size)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.local_steps = check_positive_int(local_steps, "local_steps")
         self.noise = bool(noise)
+        self.step_size_tolerance = _check_tolerance(step_size_tolerance)
+        if control_variates not in (None, True, False):
+            raise ValueError(f"control_variates must be True, False or None (automatic), "
+                             f"got {control_variates!r}")
+        self.control_variates = control_variates
 
     def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
+        step_size, variates = self.step_size, None
+        if step_size == "auto" or self.control_variates:
+            laplace = surrogate_module.fit_surrogates("laplace", flat_model, federation, theta0, key)
+            center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
+            step_size, variates = self._resolve_noise(
+                flat_model, federation, data, weights, center, precision, key, None, info)
         return dsgld.build_kernel(
             flat_model, data, weights, self.batch_size, self.local_steps,
-            as_schedule(self.step_size), self.noise,
+            as_schedule(step_size), self.noise, control_variates=variates,
         )
+
+    def _resolve_noise(self, flat_model, federation, data, weights, center, precision, key,
+                       conducive, info):
+        """``"auto"`` or the check of a given h (``step_size.py``), and whether to use control
+        variates at ``center`` (``control_variates``: True, False, or None = "auto": with
+        ``step_size="auto"``, on when they allow more than twice the step size, since they
+        cost a second gradient per row), from the clients' noise statistics of their own
+        estimator. ``conducive(theta, client)``: FSGLD's extra term. Returns (h, variates)."""
+        def candidate():
+            return estimators.ControlVariates(
+                anchor=jnp.asarray(center),
+                anchor_gradients=_anchor_gradients(flat_model, federation, center))
+
+        def covariance_of(variates):
+            def estimate(client, theta, probe_key):
+                minibatch = draw_minibatch(probe_key, data, client, self.batch_size)
+                if variates is None:
+                    value = dsgld_gradient(flat_model, theta, minibatch, weights[client])
+                else:
+                    value = estimators.dsgld_gradient_with_control_variates(
+                        flat_model, theta, minibatch, weights[client], client, variates)
+                if conducive is not None:
+                    value = value + conducive(theta, client)
+                return value
+
+            within, means = _client_noise(estimate, int(weights.shape[0]), center, precision,
+                                          jax.random.fold_in(key, 11), flat_model.dim)
+            return step_size_module.noise_covariance(np.asarray(weights), within, means,
+                                                     self.local_steps)
+
+        use = self.control_variates
+        precision = np.asarray(precision)
+        variates = None
+        if use is None and self.step_size == "auto":
+            variates = candidate()
+            plain = step_size_module.choose_step_size(precision, covariance_of(None),
+                                                      self.step_size_tolerance)
+            with_variates = step_size_module.choose_step_size(
+                precision, covariance_of(variates), self.step_size_tolerance)
+            use = with_variates.step_size > 2.0 * plain.step_size
+            info["control_variates_step_gain"] = with_variates.step_size / plain.step_size
+        use = bool(use)
+        variates = (variates or candidate()) if use else None
+        info["control_variates"] = use
+        step_size = _step_size_choice(self.step_size, self.step_size_tolerance, precision,
+                                      covariance_of(variates), self.name, info)
+        return step_size, variates
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         if engine == "ray":
             from ..engines import ray_engine
+
+            if self.step_size == "auto":
+                raise ValueError(
+                    f"step_size='auto' is not available for {self.name} on engine='ray' yet: "
+                    "run once on engine='local' (or on a sample of the clients) and pass "
+                    "result.info['step_size'] as a number")
 
             return ray_engine.sample(
                 self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
@@ -372,8 +543,12 @@ class FSGLD(DSGLD):
         surrogate_step_size: Optional[float] = None,
         trust_radius: Any = "auto",
         noise: bool = True,
+        step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
+        control_variates: Optional[bool] = None,
     ):
-        super().__init__(step_size, batch_size, local_steps, noise=noise)
+        super().__init__(step_size, batch_size, local_steps, noise=noise,
+                         step_size_tolerance=step_size_tolerance,
+                         control_variates=control_variates)
         if isinstance(surrogate, str):
             if surrogate not in ("exact", "laplace", "sgld"):
                 raise ValueError(
@@ -407,6 +582,10 @@ class FSGLD(DSGLD):
             )
         step = self.surrogate_step_size
         if step is None:
+            if self.step_size == "auto" and self.surrogate == "sgld":
+                raise ValueError(
+                    "surrogate='sgld' with step_size='auto' needs surrogate_step_size (the local "
+                    "SGLD chains' h): the automatic h is chosen from the surrogates themselves")
             step = self.step_size if not callable(self.step_size) else float(self.step_size(0))
         return surrogate_module.fit_surrogates(
             self.surrogate,
@@ -439,7 +618,7 @@ class FSGLD(DSGLD):
     radius_probes_per_client = 64
 
     def _auto_trust_radius(self, flat_model, data, weights, surrogates, global_surrogate, center,
-                           key) -> float:
+                           key, step_size) -> float:
         """``trust_radius="auto"`` (``fsgld.auto_trust_radius``): the chi-square quantile widened
         by the estimator's noise at the centre, tr C. Each client s computes the d + 1 moments of
         its own estimator (``estimators.estimator_moments``, key ``fold_in(fold_in(key, 7), s)``)
@@ -457,12 +636,19 @@ class FSGLD(DSGLD):
 
         means, second = jax.jit(jax.vmap(moments))(clients)
         noise_trace = fsgld.noise_trace_from_moments(weights, means, second)
-        h = self.step_size if not callable(self.step_size) else float(self.step_size(0))
+        h = step_size if not callable(step_size) else float(step_size(0))
         return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace)
 
     def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
         started = time.perf_counter()
         surrogates = self._fit(flat_model, federation, theta0, key)
+        if self.step_size == "auto" and self.surrogate == "laplace":
+            # "auto" re-expands the clients' Laplace surrogates at the global mode (a few
+            # Newton rounds, d + d^2 floats per client each): on small, heterogeneous clients
+            # local-mode surrogates leave large client offsets, hence minibatch-like noise
+            surrogates, _ = surrogate_module.expand_at_global_mode(
+                flat_model, federation, surrogates, theta0)
+            info["surrogate_expanded_at_global_mode"] = True
         global_surrogate = surrogate_module.product(surrogates)
         warmup = self.alpha_warmup
         info.update(
@@ -476,12 +662,17 @@ class FSGLD(DSGLD):
             surrogate_floats=2 * federation.num_clients * surrogates.floats_per_client,
         )
         trust_region = None
+        center, metric = surrogate_module.laplace_of_product(flat_model, surrogates, theta0)
+        terms = conducive_terms(surrogates, global_surrogate, weights)
+        step_size, variates = self._resolve_noise(
+            flat_model, federation, data, weights, center, metric, key,
+            lambda theta, client: self.alpha * conducive_gradient_from_terms(theta, client, terms),
+            info)
         if self.trust_radius is not None:
-            center, metric = surrogate_module.laplace_of_product(flat_model, surrogates, theta0)
             radius = self.trust_radius
             if radius == "auto":
                 radius = self._auto_trust_radius(
-                    flat_model, data, weights, surrogates, global_surrogate, center, key
+                    flat_model, data, weights, surrogates, global_surrogate, center, key, step_size
                 )
             trust_region = fsgld.TrustRegion(center=center, precision=metric, radius=radius)
             info["trust_radius"] = radius
@@ -489,6 +680,7 @@ class FSGLD(DSGLD):
             info["trust_radius"] = None
         return fsgld.build_kernel(
             flat_model, data, weights, self.batch_size, self.local_steps,
-            as_schedule(self.step_size), surrogates, global_surrogate,
+            as_schedule(step_size), surrogates, global_surrogate,
             fsgld.alpha_schedule(self.alpha, warmup), self.noise, trust_region,
+            control_variates=variates,
         )

@@ -17,7 +17,13 @@ import jax.numpy as jnp
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 from ..minibatch import some_client_smaller
-from .estimators import client_from_uniform, dsgld_gradient, minibatch_from_uniforms
+from .estimators import (
+    ControlVariates,
+    client_from_uniform,
+    dsgld_gradient,
+    dsgld_gradient_with_control_variates,
+    minibatch_from_uniforms,
+)
 from .sgld import LangevinStep, StepNoise, langevin_move, step_noise
 
 __all__ = ["FederatedChainState", "VisitInputs", "init", "assign_clients", "build_kernel",
@@ -152,15 +158,21 @@ def build_kernel(
     schedule: Callable,
     noise: bool = True,
     weight_scaling: Optional[jax.Array] = None,
+    control_variates: Optional[ControlVariates] = None,
 ):
     """DSGLD: the estimator (4) inside the client-visiting chain.
 
     ``weight_scaling`` replaces the 1/f_s factor's f_s (a deliberately wrong
-    variant for tests; leave ``None``).
+    variant for tests; leave ``None``). ``control_variates``: the estimator of
+    :func:`~.estimators.dsgld_gradient_with_control_variates` instead of (4).
     """
     weights_in_estimator = client_weights if weight_scaling is None else weight_scaling
 
     def estimator(theta, minibatch, client, iteration):
+        if control_variates is not None:
+            return dsgld_gradient_with_control_variates(
+                flat_model, theta, minibatch, weights_in_estimator[client], client,
+                control_variates)
         return dsgld_gradient(flat_model, theta, minibatch, weights_in_estimator[client])
 
     return build_federated_kernel(

@@ -20,6 +20,8 @@ __all__ = [
     "draw_minibatch",
     "client_gradient",
     "dsgld_gradient",
+    "ControlVariates",
+    "dsgld_gradient_with_control_variates",
     "conducive_gradient",
     "ConduciveTerms",
     "conducive_terms",
@@ -59,6 +61,29 @@ def dsgld_gradient(flat_model: FlatModel, theta, minibatch: Minibatch, client_we
     """Equation (4): grad log p(theta) + N_s / (f_s m_s) grad log p(x_s^(m_s) | theta),
     m_s = min(m, N_s) (``batch_size`` is an upper bound; unbiased either way)."""
     return flat_model.grad_log_prior(theta) + client_gradient(flat_model, theta, minibatch) / client_weight
+
+
+class ControlVariates(NamedTuple):
+    """Control variates of the minibatch estimator (issue 15): an ``anchor`` theta* known to
+    every client and each client's full-data likelihood gradient there, computed by the
+    client on its own rows (``anchor_gradients[s]``; on a real deployment it never leaves
+    the client)."""
+
+    anchor: jax.Array  # (d,)
+    anchor_gradients: jax.Array  # (S, d): grad log p(x_s | theta*), each client's own
+
+
+def dsgld_gradient_with_control_variates(flat_model: FlatModel, theta, minibatch: Minibatch,
+                                         client_weight, client, variates: ControlVariates):
+    """Equation (4) with control variates at theta* (as in Baker et al.'s SGLD-CV):
+    grad log p(theta) + (1/f_s) [G_s + (N_s/m_s) sum_j (grad log p(x_j|theta) - grad log p(x_j|theta*))],
+    G_s = grad log p(x_s | theta*). Unbiased like (4) (the bracket's minibatch sum has
+    expectation grad log p(x_s|theta) - G_s); its noise vanishes at theta* and grows with
+    |theta - theta*| only, instead of with the spread of the rows' gradients."""
+    difference = likelihood_gradient(flat_model, theta, minibatch) - likelihood_gradient(
+        flat_model, variates.anchor, minibatch)
+    return flat_model.grad_log_prior(theta) + (
+        variates.anchor_gradients[client] + difference) / client_weight
 
 
 def conducive_gradient(

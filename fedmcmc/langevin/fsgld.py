@@ -31,7 +31,13 @@ from ..federation import ConcatenatedData
 from ..model import FlatModel
 from ..surrogates import GaussianSurrogates, ProductSurrogate, matvec
 from .dsgld import build_federated_kernel
-from .estimators import conducive_gradient_from_terms, conducive_terms, dsgld_gradient
+from .estimators import (
+    ControlVariates,
+    conducive_gradient_from_terms,
+    conducive_terms,
+    dsgld_gradient,
+    dsgld_gradient_with_control_variates,
+)
 
 __all__ = ["alpha_schedule", "build_kernel"]
 
@@ -116,19 +122,25 @@ def build_kernel(
     alpha: Callable,
     noise: bool = True,
     trust_region: Optional[TrustRegion] = None,
+    control_variates: Optional[ControlVariates] = None,
 ):
     """The FSGLD update (5) with the exploration constant alpha of equation (7).
 
     ``alpha(t)`` is the (possibly ramped) constant; with a ``trust_region`` the
     conducive gradient is further scaled by :func:`trust_damping`. The clients' g_s are
     precomputed as affine maps (``estimators.conducive_terms``): one matrix-vector product
-    per step, whatever the number of clients.
+    per step, whatever the number of clients. ``control_variates``: equation (4)'s part
+    with control variates (``estimators.dsgld_gradient_with_control_variates``).
     """
     terms = conducive_terms(surrogates, global_surrogate, client_weights)
 
     def estimator(theta, minibatch, client, iteration):
         f_s = client_weights[client]
-        base = dsgld_gradient(flat_model, theta, minibatch, f_s)
+        if control_variates is None:
+            base = dsgld_gradient(flat_model, theta, minibatch, f_s)
+        else:
+            base = dsgld_gradient_with_control_variates(
+                flat_model, theta, minibatch, f_s, client, control_variates)
         conducive = alpha(iteration).astype(theta.dtype) * conducive_gradient_from_terms(
             theta, client, terms)
         if trust_region is not None:

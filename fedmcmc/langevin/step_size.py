@@ -1,0 +1,172 @@
+"""``step_size="auto"`` for SGLD, DSGLD and FSGLD: h from what the clients report.
+
+The papers' update is ``theta' = theta + (h/2) v(theta) + sqrt(h) xi`` with ``v`` an unbiased
+estimate of the log-posterior gradient (FSGLD equations (1), (3), (5)). Near the mode, with
+posterior precision ``P`` and estimator noise covariance ``C``, one step adds the injected
+noise ``h I`` and the minibatch noise ``(h/2)^2 C``; when ``C`` and ``P`` share eigenvectors
+the chain's stationary covariance is, to first order in h,
+
+    Sigma = P^{-1} (I + (h/4) C) (I - (h/4) P)^{-1}
+
+(the Gaussian case of ``tests/test_langevin_posterior.py``, where it is checked exactly). So
+
+* ``(h/4) lambda_max(C)``: the ratio of minibatch noise to injected noise, the relative
+  inflation of the posterior variance it causes (``info["minibatch_noise_ratio"]``);
+* ``(h/4) lambda_max(P)``: the discretisation's relative error (``info["discretisation_ratio"]``);
+* ``4 / (h lambda_min(P))``: the integrated autocorrelation time of the slowest direction,
+  i.e. the expected iterations per effective draw (``info["iterations_per_effective_draw"]``).
+
+``"auto"`` takes the largest h that keeps both ratios at most ``tolerance`` (default 0.05:
+posterior variances within about 5 %, standard deviations within about 2.5 %, plus what
+non-Gaussianity adds), so the chain mixes as fast as that accuracy allows.
+
+Inputs, computed where the data are (a few floats per client, never rows):
+
+* the curvature ``P``: the Laplace fit of prior x prod_s q_s from the clients' Gaussian
+  surrogates (FSGLD's own; for SGLD/DSGLD Laplace fits made for the purpose);
+* the noise: each client's within-client covariance of its own estimator, averaged over
+  draws of that Laplace fit (:func:`client_noise`), and its estimator's mean ``m_s`` at
+  the fit's centre (d + d^2 floats; the trace instead of the matrix above
+  :data:`FULL_MOMENTS_MAX_DIM` parameters). With ``f_s`` the scheduler's probabilities,
+  ``C_within = sum_s f_s Cov_s`` and ``C_between = sum_s f_s (m_s - m)(m_s - m)^T``.
+  A chain that stays ``K = local_steps`` updates on a client sees the client's offset
+  ``m_s - m`` K times in a row, so the between-client part counts K times:
+  ``C = C_within + K C_between`` (conservative: it ignores the chain's relaxation within a
+  visit). For FSGLD the conducive gradients remove most of ``C_between``; for DSGLD on
+  heterogeneous clients it dominates, which is why DSGLD's automatic h is small.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "FULL_MOMENTS_MAX_DIM",
+    "DEFAULT_TOLERANCE",
+    "StepSizeChoice",
+    "laplace_points",
+    "client_noise",
+    "noise_covariance",
+    "choose_step_size",
+    "predict",
+]
+
+#: above this many parameters clients send the trace of their second moment, not the matrix
+FULL_MOMENTS_MAX_DIM = 200
+#: default bound on both the minibatch-noise and the discretisation ratio
+DEFAULT_TOLERANCE = 0.05
+
+
+class StepSizeChoice(NamedTuple):
+    """An h and what it implies (see the module docstring)."""
+
+    step_size: float
+    minibatch_noise_ratio: float  # (h/4) lambda_max(C)
+    discretisation_ratio: float  # (h/4) lambda_max(P)
+    iterations_per_effective_draw: float  # 4 / (h lambda_min(P))
+
+    def info(self) -> dict:
+        return {
+            "step_size": float(self.step_size),
+            "minibatch_noise_ratio": float(self.minibatch_noise_ratio),
+            "discretisation_ratio": float(self.discretisation_ratio),
+            "iterations_per_effective_draw": float(self.iterations_per_effective_draw),
+        }
+
+
+def laplace_points(center, precision, key, count: int):
+    """``count`` draws of N(center, precision^{-1}): where the noise is measured (the noise of
+    an estimator with control variates vanishes at the centre itself)."""
+    normals = jax.random.normal(key, (count,) + center.shape, center.dtype)
+    if precision.ndim == 1:
+        return center + normals / jnp.sqrt(precision)
+    factor = jnp.linalg.cholesky(precision)
+    return center + jax.scipy.linalg.solve_triangular(factor.T, normals.T, lower=False).T
+
+
+def client_noise(estimate, center, points, key, probes: int, full: bool):
+    """One client's noise statistics from its own minibatches: the within-client covariance
+    of its estimator, averaged over ``points`` (half the outer product of the difference of
+    two independent estimates at the same point: unbiased), (d, d) when ``full`` else its
+    trace; and the estimator's mean at ``center`` over ``probes`` draws (for the spread
+    between clients). ``estimate(theta, key) -> (d,)``."""
+    key_pairs, key_center = jax.random.split(key)
+
+    def pair(theta, pair_key):
+        first, second = jax.random.split(pair_key)
+        difference = estimate(theta, first) - estimate(theta, second)
+        if full:
+            return 0.5 * jnp.outer(difference, difference)
+        return 0.5 * jnp.sum(difference * difference)
+
+    within = jnp.mean(jax.vmap(pair)(points, jax.random.split(key_pairs, points.shape[0])), axis=0)
+    mean = jnp.mean(jax.vmap(lambda k: estimate(center, k))(jax.random.split(key_center, probes)),
+                    axis=0)
+    return within, mean
+
+
+def noise_covariance(weights, within, means, local_steps: int = 1):
+    """``C = C_within + local_steps * C_between`` from the clients' statistics (module docstring).
+
+    ``within``: (S, d, d) covariances, or (S,) traces (then a multiple of the identity whose
+    largest eigenvalue bounds the true one by the trace); ``means``: (S, d) at the centre."""
+    w = np.asarray(weights, np.float64)
+    w = w / w.sum()
+    means = np.asarray(means, np.float64)
+    within = np.asarray(within, np.float64)
+    offsets = means - w @ means
+    dim = means.shape[1]
+    if within.ndim == 3:
+        between = np.einsum("s,si,sj->ij", w, offsets, offsets)
+        return np.einsum("s,sij->ij", w, within) + local_steps * between
+    between_trace = float(w @ np.sum(offsets * offsets, axis=1))
+    return np.eye(dim) * max(float(w @ within) + local_steps * between_trace, 0.0)
+
+
+def _extreme_eigenvalues(matrix) -> tuple:
+    matrix = np.asarray(matrix, np.float64)
+    if matrix.ndim == 1:
+        return float(np.min(matrix)), float(np.max(matrix))
+    values = np.linalg.eigvalsh(0.5 * (matrix + matrix.T))
+    return float(values[0]), float(values[-1])
+
+
+def predict(step_size: float, precision, covariance) -> StepSizeChoice:
+    """What ``step_size`` implies for a posterior of ``precision`` and estimator noise
+    ``covariance`` (module docstring)."""
+    low, high = _extreme_eigenvalues(precision)
+    _, noise = _extreme_eigenvalues(covariance)
+    h = float(step_size)
+    return StepSizeChoice(
+        step_size=h,
+        minibatch_noise_ratio=h * max(noise, 0.0) / 4.0,
+        discretisation_ratio=h * high / 4.0,
+        iterations_per_effective_draw=4.0 / (h * low) if low > 0 else float("inf"),
+    )
+
+
+def choose_step_size(precision, covariance, tolerance: float = DEFAULT_TOLERANCE) -> StepSizeChoice:
+    """The largest h whose minibatch-noise and discretisation ratios are at most ``tolerance``.
+
+    ``precision``: the posterior's (d, d) or diagonal (d,) Laplace precision; ``covariance``:
+    the estimator's noise (:func:`noise_covariance`)."""
+    _, high = _extreme_eigenvalues(precision)
+    _, noise = _extreme_eigenvalues(covariance)
+    scale = max(high, noise, np.finfo(np.float64).tiny)
+    if not np.isfinite(scale):
+        raise ValueError(
+            "step_size='auto': the clients' curvature or gradient noise is not finite; "
+            "check the model and init, or give step_size a number"
+        )
+    return predict(4.0 * tolerance / scale, precision, covariance)
+
+
+def step_for_ratio(choice: StepSizeChoice, ratio: float = 1.0) -> Optional[float]:
+    """The h at which the minibatch-noise ratio of ``choice`` equals ``ratio``."""
+    if choice.minibatch_noise_ratio <= 0:
+        return None
+    return choice.step_size * ratio / choice.minibatch_noise_ratio
