@@ -79,7 +79,7 @@ def dsgld_gradient_with_control_variates(flat_model: FlatModel, theta, minibatch
     grad log p(theta) + (1/f_s) [G_s + (N_s/m_s) sum_j (grad log p(x_j|theta) - grad log p(x_j|theta*))],
     G_s = grad log p(x_s | theta*). Unbiased like (4) (the bracket's minibatch sum has
     expectation grad log p(x_s|theta) - G_s); its noise vanishes at theta* and grows with
-    |theta - theta*| only, instead of with the spread of the rows' gradients."""
+    ``|theta - theta*|`` only, instead of with the spread of the rows' gradients."""
     difference = likelihood_gradient(flat_model, theta, minibatch) - likelihood_gradient(
         flat_model, variates.anchor, minibatch)
     return flat_model.grad_log_prior(theta) + (
