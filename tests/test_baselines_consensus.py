@@ -79,8 +79,8 @@ def test_gaussian_consensus_is_exact_and_equal_weights_are_rejected():
     np.testing.assert_allclose(again, result.flat_samples(), rtol=1e-4, atol=1e-5)
     # and the estimated weights are close to the exact subposterior precisions n_s + 1/S
     exact = np.array([len(c) + 0.25 for c in fed.clients])
-    np.testing.assert_allclose(np.diagonal(weights, axis1=1, axis2=2), exact[:, None] * np.ones(DIM),
-                               rtol=0.15)
+    diagonal = np.diagonal(weights, axis1=1, axis2=2)
+    np.testing.assert_allclose(diagonal, exact[:, None] * np.ones(DIM), rtol=0.15)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,6 @@ Each check is shown to reject a deliberately broken variant (noise not scaled by
 VR-FALD* is claimed).
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

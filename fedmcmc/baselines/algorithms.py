@@ -54,6 +54,16 @@ def _check_unit_fraction(value: Any, argument: str) -> float:
     return number
 
 
+def _check_flag(value: Any, argument: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{argument} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _bytes(floats: int, dtype) -> int:
+    return int(floats) * int(np.dtype(dtype).itemsize)
+
+
 def _check_batch_size(value: Any) -> int:
     return check_positive_int(value, "batch_size")
 
@@ -153,11 +163,10 @@ class FALD(Algorithm):
         self.batch_size = _check_batch_size(batch_size)
         self.local_steps = check_positive_int(local_steps, "local_steps")
         self.participation = _check_unit_fraction(participation, "participation")
-        if not isinstance(variance_reduction, (bool, np.bool_)):
-            raise ValueError(f"variance_reduction must be True or False, got {variance_reduction!r}")
-        self.variance_reduction = bool(variance_reduction)
+        self.variance_reduction = _check_flag(variance_reduction, "variance_reduction")
         if reference_point is not None and not self.variance_reduction:
-            raise ValueError("reference_point is VR-FALD*'s theta*: it needs variance_reduction=True")
+            raise ValueError(
+                "reference_point is VR-FALD*'s theta*: it needs variance_reduction=True")
         self.reference_point = reference_point
         self.mode_max_iterations = check_positive_int(mode_max_iterations, "mode_max_iterations")
         self.noise = bool(noise)
@@ -252,7 +261,7 @@ class FALD(Algorithm):
             floats_communicated=int(messages * dim + setup_floats),
             draws_inside_rounds_uploads=mid_round,
         )
-        info["bytes_communicated"] = info["floats_communicated"] * int(np.dtype(flat_model.dtype).itemsize)
+        info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
         if run.seconds_per_draw is not None:
             info["seconds_per_iteration"] = run.seconds_per_draw / thin
         if start_draw:
@@ -325,9 +334,7 @@ class QLSD(Algorithm):
                     f"levels; float32 holds at most 24 bits exactly), or None, got {bits!r}")
             bits = int(bits)
         self.bits = bits
-        if not isinstance(variance_reduction, (bool, np.bool_)):
-            raise ValueError(f"variance_reduction must be True or False, got {variance_reduction!r}")
-        self.variance_reduction = bool(variance_reduction)
+        self.variance_reduction = _check_flag(variance_reduction, "variance_reduction")
         if not self.variance_reduction and (reference_every is not None or memory_rate is not None):
             raise ValueError("reference_every and memory_rate are QLSD++ settings: they need "
                              "variance_reduction=True")
@@ -595,7 +602,7 @@ class ConsensusMC(Algorithm):
             "messages": 2 * num_clients,
             "floats_communicated": int(num_clients * dim + num_clients * chains * kept * dim),
         }
-        info["bytes_communicated"] = info["floats_communicated"] * int(np.dtype(flat_model.dtype).itemsize)
+        info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
         if run.diverged.any():
             usable = int(max(0, min(run.first_bad_draw[run.diverged]) - discard))
             result = None

@@ -67,7 +67,8 @@ def client_rows(uniforms: jax.Array, data: ConcatenatedData, may_be_smaller: boo
     within = jnp.where(whole, jnp.minimum(slots, sizes - 1), sampled)
     weights = jnp.where(whole, (slots < sizes).astype(jnp.float32), 1.0)
     used = jnp.minimum(m, data.sizes).astype(jnp.float32)
-    return ClientRows(data.offsets[:, None] + within, weights, data.sizes.astype(jnp.float32) / used)
+    scale = data.sizes.astype(jnp.float32) / used
+    return ClientRows(data.offsets[:, None] + within, weights, scale)
 
 
 def batch_likelihood_gradients(flat_model: FlatModel, data: ConcatenatedData) -> Callable:
@@ -80,7 +81,8 @@ def batch_likelihood_gradients(flat_model: FlatModel, data: ConcatenatedData) ->
 
     def gradients(positions, picked: ClientRows):
         if picked.weights is None:
-            return jax.vmap(lambda t, r, s: one(t, r, None, s))(positions, picked.rows, picked.scale)
+            return jax.vmap(lambda t, r, s: one(t, r, None, s))(
+                positions, picked.rows, picked.scale)
         return jax.vmap(one)(positions, picked.rows, picked.weights, picked.scale)
 
     return gradients

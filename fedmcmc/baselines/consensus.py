@@ -16,9 +16,10 @@ averaging
 with Sigma_s the sample covariance of client s's draws. When every subposterior is
 Gaussian (Gaussian likelihoods and prior) the combined draws are exactly distributed as
 the posterior for the exact W_s; with estimated W_s the error vanishes as the number of
-draws grows. (Formulas written out rather than cited by equation number: only the paper's
-abstract and first page could be consulted when this was written.) ``weighting="diagonal"`` uses the marginal variances only (the paper's
-cheaper variant for high dimensions) and ``"equal"`` the plain average (W_s = I).
+draws grows. ``weighting="diagonal"`` uses the marginal variances only (a cheaper variant
+for high dimensions) and ``"equal"`` the plain average (W_s = I). (Formulas are written
+out rather than cited by equation number: only the paper's abstract and first page could
+be consulted when this was written.)
 
 Every client of a chain is vmapped in one compiled program: the clients' data are
 stacked and padded to the largest client (``Federation.padded``) with a 0/1 mask, so a
