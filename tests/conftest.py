@@ -1,0 +1,31 @@
+"""Suite-wide settings.
+
+Compiled programs go to a persistent compilation cache kept between runs of this checkout's
+suite, ``.pytest_cache/d/fedmcmc-jax`` (cleared by ``pytest --cache-clear``), not the user's:
+most of the suite's time is XLA compiling the same small programs again, in every run, in every
+test that builds a new closure of the same shapes, and in every subprocess a test starts. The
+variables are also exported, so xdist workers and the subprocesses tests start share the
+directory. Left alone when the user set ``JAX_COMPILATION_CACHE_DIR`` or opted out with
+``FEDMCMC_COMPILATION_CACHE=0``, and with ``-p no:cacheprovider`` (then fedmcmc's default, the
+user's cache directory, applies). tests/test_cache.py checks fedmcmc's own default in fresh
+processes with these variables removed.
+"""
+
+import os
+
+
+def pytest_configure(config):
+    if os.environ.get("FEDMCMC_COMPILATION_CACHE", "").strip().lower() in {"0", "false", "no", "off"}:
+        return
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        return
+    directory = str(cache.mkdir("fedmcmc-jax"))
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
