@@ -315,10 +315,15 @@ class _FedPDMP(Algorithm):
         d = cfg.dim
         accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
 
+        # One jitted function for the engine's two traces of a draw (its output shapes, then
+        # the loop): JAX traces and batches a jitted function once per input shapes, so the
+        # second trace reuses the first (the draw step's while loop is most of a run's tracing).
+        traced_draw_step = jax.jit(draw_step)
+
         def run_step(key, carry):
             st, sums = carry
             n_before = st.n_draws
-            st, draw, stats = draw_step(key, st)
+            st, draw, stats = traced_draw_step(key, st)
             return (st, accumulate(n_before, sums, draw, stats)), draw, stats
 
         states = (fed_states, sums)
