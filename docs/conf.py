@@ -46,4 +46,3 @@ napoleon_use_rtype = False
 
 html_theme = "furo"
 html_title = f"fedmcmc {release}"
-pygments_style = "sphinx"
