@@ -56,7 +56,8 @@ class PublicApi(SphinxDirective):
                     lines += [f"`{full}`: documented as {{py:obj}}`fedmcmc.{name}`.", ""]
                 continue
             if isinstance(obj, types.ModuleType):
-                rst = [f".. automodule:: {obj.__name__}", "   :members:"]
+                rst = [f".. rubric:: {obj.__name__}", "", f".. automodule:: {obj.__name__}",
+                       "   :members:"]
             elif inspect.isclass(obj):
                 kind = "autoexception" if issubclass(obj, BaseException) else "autoclass"
                 rst = [f".. {kind}:: {full}", "   :members:"]
