@@ -483,3 +483,73 @@ def test_joining_a_token_authenticated_multi_node_cluster(tmp_path):
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = previous_tmpdir
+
+
+HOLD_TLS = r"""
+import os, sys
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+from fedmcmc.engines.ray_security import ray_session
+with ray_session(init_options={"num_cpus": 1, "_temp_dir": sys.argv[1]}) as ray:
+    print(ray.get_runtime_context().gcs_address, os.environ["RAY_AUTH_TOKEN_PATH"], flush=True)
+    sys.stdin.read()  # until the test closes stdin
+"""
+
+
+def _openssl_certificate(directory, name):
+    """A self-signed certificate (its own CA) and key for 127.0.0.1, made with openssl."""
+    cert, key = os.path.join(directory, f"{name}.crt"), os.path.join(directory, f"{name}.key")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-sha256", "-days", "1", "-nodes",
+         "-keyout", key, "-out", cert, "-subj", f"/CN={name}",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_tls_instance_admits_only_clients_with_a_certificate_from_its_ca(tmp_path):
+    """RAY_USE_TLS (docs/security.md): with token and TLS, a client without TLS, with another
+    CA, or whose own certificate is not from the CA does not connect within 30 s and runs
+    nothing; with the CA's certificate and the token it runs a task."""
+    cert, key = _openssl_certificate(str(tmp_path), "cluster")
+    other_cert, other_key = _openssl_certificate(str(tmp_path), "other")
+    tls = {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": cert, "RAY_TLS_SERVER_KEY": key,
+           "RAY_TLS_CA_CERT": cert}
+    temp_dir = _short_temp_dir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_TLS, temp_dir], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=_env_without_auth(**tls))
+    try:
+        address, token_path = holder.stdout.readline().split()
+        token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
+        refused = {
+            "no TLS": {},
+            "another CA": {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": other_cert,
+                           "RAY_TLS_SERVER_KEY": other_key, "RAY_TLS_CA_CERT": other_cert},
+            "own certificate not from the CA": {
+                "RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": other_cert,
+                "RAY_TLS_SERVER_KEY": other_key, "RAY_TLS_CA_CERT": cert},
+        }
+        for name, extra in refused.items():
+            marker = tmp_path / f"marker {name}"
+            env = {k: v for k, v in _env_without_auth(**token, **FAST_FAIL).items()
+                   if not k.startswith("RAY_TLS_") and k != "RAY_USE_TLS"}
+            try:
+                out = subprocess.run([sys.executable, "-c", CLIENT, address, str(marker)],
+                                     env={**env, **extra}, capture_output=True, text=True,
+                                     timeout=30)
+                assert out.returncode == 3, (name, out.stdout, out.stderr[-2000:])
+            except subprocess.TimeoutExpired:
+                pass  # the handshake never completes: no connection (the child is killed)
+            assert not marker.exists(), name
+        marker = tmp_path / "marker with TLS"
+        out = _client(address, str(marker), _env_without_auth(**token, **tls))
+        assert out.returncode == 0 and marker.exists(), (out.stdout, out.stderr[-2000:])
+    finally:
+        holder.stdin.close()
+        try:
+            holder.wait(timeout=CHILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)

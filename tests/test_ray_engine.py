@@ -362,10 +362,19 @@ def test_multi_node_cluster_with_pinned_clients():
 
     from ray.cluster_utils import Cluster
 
+    from fedmcmc.engines.ray_security import AuthEnvironment
+
     temp_dir = tempfile.mkdtemp(prefix="fmray", dir="/tmp")  # AF_UNIX paths: < 108 bytes
     previous_tmpdir = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = temp_dir  # cluster_utils writes its address file in ./ray
     os.makedirs(os.path.join(temp_dir, "ray"))
+    # the README's recipe: token authentication on the head, every node and the driver
+    # (fm.sample refuses a cluster without it; tests/test_ray_auth.py)
+    token_path = os.path.join(temp_dir, "token")
+    with open(token_path, "w") as handle:
+        handle.write("6b" * 32)
+    authentication = AuthEnvironment()
+    authentication.set(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path, RAY_AUTH_TOKEN=None)
 
     if ray.is_initialized():
         ray.shutdown()  # the module fixture's instance; its teardown is then a no-op
@@ -399,11 +408,13 @@ def test_multi_node_cluster_with_pinned_clients():
         node_ids = [where["node_id"] for where in locations]
         expected = [node.node_id for node in nodes]
         assert node_ids == expected, (node_ids, expected)
+        assert result.info["ray_authentication"] == "token"
         for address in listening:
             assert _is_loopback(address), address
     finally:
         ray.shutdown()
         cluster.shutdown()
+        authentication.restore()
         shutil.rmtree(temp_dir, ignore_errors=True)
         if previous_tmpdir is None:
             os.environ.pop("RAY_TMPDIR", None)

@@ -20,8 +20,14 @@ Joining a cluster (:func:`check_cluster_authentication`): a zero-CPU task pinned
 alive node reports the authentication mode that node's Ray processes run with (a worker
 inherits its raylet's environment); if any node runs without token authentication the run is
 refused with :class:`UnauthenticatedClusterError`, which says how to enable it, unless the
-user passed ``allow_unauthenticated_cluster=True``. ``result.info["ray_authentication"]``
-records ``"token"`` or ``"disabled (allowed by user)"``.
+user passed ``allow_unauthenticated_cluster=True``. The check is needed because Ray lets a
+driver in token mode connect to a cluster without authentication, silently (measured). With
+the opt-out, a connection fedmcmc made in token mode is remade without token authentication
+for the run (the cluster's calls back to a token-mode driver are rejected and the actors die);
+a ``ray.init`` of the user's in token mode is refused with an error that says so.
+``result.info["ray_authentication"]`` records ``"token"``, ``"disabled (allowed by user)"``
+or, if a node did not answer the check in time, ``"not verified (allowed by user)"``;
+``result.info["ray_instance"]`` records ``"started"`` or ``"joined"``.
 
 This authenticates; it does not encrypt. Traffic between nodes is plain gRPC unless Ray's TLS
 is configured (``RAY_USE_TLS=1`` and certificates, see ``docs/security.md``).
