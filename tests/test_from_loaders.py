@@ -136,8 +136,10 @@ def ray_available():
     assert not ray.is_initialized()
 
 
-@pytest.mark.parametrize("algorithm", [fm.FSGLD(**FSGLD), fm.FedZigZag(sample_interval=0.2)],
-                         ids=["FSGLD", "FedZigZag"])
+@pytest.mark.parametrize("algorithm", [
+    fm.FSGLD(**FSGLD),
+    pytest.param(fm.FedZigZag(sample_interval=0.2), marks=pytest.mark.slow),
+], ids=["FSGLD", "FedZigZag"])
 def test_ray_calls_every_loader_in_a_client_process_and_none_in_the_driver(
         stored_clients, ray_available, algorithm):
     loaders, log = stored_clients

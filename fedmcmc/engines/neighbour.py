@@ -42,24 +42,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .comm import ClientFailureError
+from .comm import ClientEndpoint, ClientFailureError, describe_federation
 from .handoff import iteration_key
 
 __all__ = ["AgentClient", "sample_decentralised"]
 
 
-class AgentClient:
-    """Agent i of DULA/GT-DULA: its data, its state for every chain, its row of the Laplacian."""
+class AgentClient(ClientEndpoint):
+    """Agent i of DULA/GT-DULA: its data, its state for every chain, its row of the Laplacian.
 
-    def __init__(self, index: int, data: Any, model, init: Any, spec: Dict[str, Any]):
+    ``source``: the agent's data or its loader (called here, in the agent's process)."""
+
+    def __init__(self, index: int, source: Any, model, init: Any, spec: Dict[str, Any]):
         from ..decentralised.algorithms import _decaying
 
-        self.index = int(index)
+        super().__init__(index, source)
         self.spec = dict(spec)
         flat = model.flatten(init)
         self.flat_model = flat
-        self.data = jax.tree_util.tree_map(jnp.asarray, data)
-        self.size = int(np.shape(jax.tree_util.tree_leaves(data)[0])[0])
+        self.data = jax.tree_util.tree_map(jnp.asarray, self.data)
         n, chains, dim = spec["n"], spec["chains"], flat.dim
         self.schedule = _decaying(spec["step_size"], spec["decay_every"], spec["decay_factor"])
         self.neighbours: List[int] = list(spec["neighbours"])
@@ -183,7 +184,8 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
             f"{algorithm.name} on engine='ray' (dropping an agent changes the graph); use 'stop'")
     n = federation.num_clients
     topo = algorithm.topology(n)
-    algorithm._check_batch(federation)
+    if not federation.is_deferred:
+        algorithm._check_batch(federation)
     flat_model = model.flatten(init)
     dim = flat_model.dim
     laplacian = np.asarray(topo.laplacian, np.float64)
@@ -196,10 +198,11 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
         "decay_factor": algorithm.decay_factor,
     }
     neighbours = [[j for j in range(n) if j != i and laplacian[i, j] != 0] for i in range(n)]
+    sources = federation.client_sources()
     specs = []
     for i in range(n):
         spec = dict(base, neighbours=neighbours[i], laplacian_row=laplacian[i].tolist())
-        specs.append((AgentClient, (i, federation[i], model, init, spec)))
+        specs.append((AgentClient, (i, sources[i], model, init, spec)))
     total = burn_in + num_samples
     floats_per_message = chains * dim * (2 if tracking else 1)
     track = bool(algorithm.gradient_error)
@@ -209,6 +212,14 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
         transport = RayTransport(specs, resources=options.get("client_resources"),
                                  num_cpus=options.get("client_num_cpus", 0),
                                  audit=bool(options.get("audit_messages", False)))
+        if federation.is_deferred:
+            # from_loaders: the agents loaded their rows themselves and report their sizes
+            try:
+                federation = describe_federation(transport, federation, model, init)
+                algorithm._check_batch(federation)
+            except Exception:
+                transport.close()
+                raise
         ray = transport._ray
         timeout = options.get("visit_timeout")
         draws = np.full((chains, total, dim), np.nan, np.float32)
