@@ -68,23 +68,12 @@ def _error(message: str) -> int:
 def _enable_compilation_cache() -> None:
     """Persist XLA compilations under the user's cache dir, so repeated runs start fast.
 
-    Left alone when the user configured JAX's cache (JAX_COMPILATION_CACHE_DIR).
+    ``import fedmcmc`` already did this (:mod:`fedmcmc.cache`); calling it again applies the same
+    rules: left alone when the user configured JAX's cache or set FEDMCMC_COMPILATION_CACHE=0.
     """
-    import os
+    from . import cache
 
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return
-    try:
-        import jax
-
-        from .reference import cache_dir
-
-        if jax.config.jax_compilation_cache_dir:
-            return
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    except Exception:  # noqa: BLE001 - the cache is an optimisation only
-        pass
+    cache.configure_default()
 
 
 def _run(args) -> int:
