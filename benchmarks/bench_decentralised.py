@@ -25,7 +25,7 @@ import numpy as np
 
 import fedmcmc as fm
 from fedmcmc.decentralised import graphs, kernels
-from fedmcmc.langevin.schedules import constant
+from fedmcmc.schedules import constant
 
 DIM = 20
 ALPHA, BETA, GAMMA = 1e-4, 0.3, 0.3

@@ -29,7 +29,7 @@ import fedmcmc as fm
 from fedmcmc import surrogates
 from fedmcmc.engines import local
 from fedmcmc.langevin import dsgld, fsgld, sgld
-from fedmcmc.langevin.schedules import constant
+from fedmcmc.schedules import constant
 
 # STEP: FSGLD without its trust region (these are the bare kernels) and the NumPy loop both
 # diverge at h = 1e-4 within a few thousand steps on this problem (measured), and timing NaN

@@ -35,7 +35,7 @@ import fedmcmc as fm
 from fedmcmc import rng, surrogates
 from fedmcmc.engines import local
 from fedmcmc.langevin import dsgld, fsgld, sgld
-from fedmcmc.langevin.schedules import constant
+from fedmcmc.schedules import constant
 from fedmcmc.langevin.sgld import StepNoise, step_noise
 
 N, D, B, STEPS = 10_000, 20, 50, 20_000

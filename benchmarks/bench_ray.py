@@ -86,7 +86,7 @@ import fedmcmc as fm  # noqa: E402
 from fedmcmc.engines.comm import InProcessTransport  # noqa: E402
 from fedmcmc.engines.handoff import sample_handoff  # noqa: E402
 from fedmcmc.langevin import dsgld  # noqa: E402
-from fedmcmc.langevin.schedules import constant  # noqa: E402
+from fedmcmc.schedules import constant  # noqa: E402
 
 DIM = 10
 ROWS = 200

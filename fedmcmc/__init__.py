@@ -11,7 +11,8 @@ from .api import sample
 from .baselines import FALD, QLSD, ConsensusMC
 from .decentralised import DULA, GTDULA
 from .federation import Federation
-from .langevin import DSGLD, FSGLD, SGLD, schedules
+from . import schedules
+from .langevin import DSGLD, FSGLD, SGLD
 from .model import Model
 from .pdmp import FedBoomerang, FedBPS, FedZigZag
 from .reference import reference_posterior

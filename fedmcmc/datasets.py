@@ -91,6 +91,7 @@ import warnings
 from typing import Any, Dict, NamedTuple, Optional
 
 import numpy as np
+from .rng import numpy_generator
 
 __all__ = [
     "Dataset",
@@ -160,7 +161,6 @@ def train_test_split(
     x: np.ndarray, y: np.ndarray, *, test_fraction: float = 0.2, seed: Any = 0
 ):
     """Random split into ``(x_train, y_train, x_test, y_test)`` (FSGLD F.1: 80 % / 20 %)."""
-    from .partition import _rng
 
     x = np.asarray(x)
     y = np.asarray(y)
@@ -168,7 +168,7 @@ def train_test_split(
         raise ValueError(f"x and y have different numbers of rows ({x.shape[0]} vs {y.shape[0]})")
     if not 0.0 < float(test_fraction) < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
-    order = _rng(seed).permutation(x.shape[0])
+    order = numpy_generator(seed).permutation(x.shape[0])
     num_test = int(round(test_fraction * x.shape[0]))
     if num_test == 0 or num_test == x.shape[0]:
         raise ValueError(f"test_fraction={test_fraction} leaves an empty train or test set")
@@ -180,7 +180,6 @@ def balanced_holdout(x: np.ndarray, y: np.ndarray, size: int, *, seed: Any = 0):
     """Hold out ``size`` rows with equal counts of every label (FSGLD 5.3: "an additional
     balanced shard for evaluation"); returns ``(x_rest, y_rest, x_holdout, y_holdout)``.
     ``size`` must be a multiple of the number of classes that every class can serve."""
-    from .partition import _rng
 
     x = np.asarray(x)
     y = np.asarray(y)
@@ -194,7 +193,7 @@ def balanced_holdout(x: np.ndarray, y: np.ndarray, size: int, *, seed: Any = 0):
     per_class = size // classes.size
     if per_class > counts.min():
         raise ValueError(f"size={size}: the rarest class has only {counts.min()} rows, {per_class} needed")
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     held = np.concatenate(
         [rng.permutation(np.flatnonzero(y == c))[:per_class] for c in classes]
     )

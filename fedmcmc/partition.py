@@ -44,6 +44,8 @@ import numpy as np
 from .algorithm import check_positive_float as _positive_float
 from .algorithm import check_positive_int as _positive_int
 from .federation import Federation
+from .models.synthetic import delayed_communication_data as _synthetic_delayed_communication_data
+from .rng import numpy_generator
 
 PyTree = Any
 Seed = Union[int, None, np.random.Generator]
@@ -61,14 +63,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _rng(seed: Seed) -> np.random.Generator:
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if seed is None or isinstance(seed, (int, np.integer)):
-        return np.random.default_rng(seed)
-    raise ValueError(f"seed must be an int, None or a numpy Generator, got {type(seed).__name__}")
 
 
 def _num_rows(data: PyTree) -> int:
@@ -167,7 +161,7 @@ def iid(
     (contiguous blocks).
     """
     n = _num_rows(data)
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     if sizes is None:
         if num_clients is None:
             raise ValueError("num_clients is required when sizes is not given")
@@ -228,7 +222,7 @@ def by_label(
     """
     n = _num_rows(data)
     y = _labels(data, labels, n)
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_clients = _positive_int(num_clients, "num_clients")
     classes = np.unique(y)
     num_classes = classes.size
@@ -311,7 +305,7 @@ def dirichlet(
     """
     n = _num_rows(data)
     y = _labels(data, labels, n)
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_clients = _positive_int(num_clients, "num_clients")
     alpha = _positive_float(alpha, "alpha")
     min_size = _positive_int(min_size, "min_size")
@@ -367,7 +361,7 @@ def beta_proportions(
     """
     n = _num_rows(data)
     y = _labels(data, labels, n)
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_clients = _positive_int(num_clients, "num_clients")
     a = _positive_float(a, "a")
     b = _positive_float(b, "b")
@@ -452,7 +446,7 @@ def dominant_label(
     """
     n = _num_rows(data)
     y = _labels(data, labels, n)
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     major = _positive_int(major, "major")
     if isinstance(minor, bool) or not isinstance(minor, (int, np.integer)) or minor < 0:
         raise ValueError(f"minor must be a non-negative integer, got {minor!r}")
@@ -516,9 +510,7 @@ def by_key(
 
 def delayed_communication_data(*args, **kwargs):
     """FSGLD section 5.1 data (see :func:`fedmcmc.models.synthetic.delayed_communication_data`)."""
-    from .models.synthetic import delayed_communication_data as generator
-
-    return generator(*args, **kwargs)
+    return _synthetic_delayed_communication_data(*args, **kwargs)
 
 
 delayed_communication_data.__doc__ = (

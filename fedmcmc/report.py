@@ -51,10 +51,10 @@ def json_safe(value: Any, max_size: int = 10_000) -> Any:
 
 def coordinate_names(init) -> List[str]:
     """One name per flat coordinate: ``mu[0]``, ``w[1, 2]``, ``b`` (a scalar leaf)."""
-    from .results import _flatten_names
+    from .results import flatten_names
 
     names = []
-    for leaf_name, leaf in _flatten_names(init).items():
+    for leaf_name, leaf in flatten_names(init).items():
         leaf = np.asarray(leaf)
         if leaf.size == 1 and leaf.ndim == 0:
             names.append(leaf_name)

@@ -13,7 +13,7 @@ PyTree = Any
 __all__ = ["Result", "SamplingDivergedError"]
 
 
-def _flatten_names(tree: PyTree) -> Dict[str, np.ndarray]:
+def flatten_names(tree: PyTree) -> Dict[str, np.ndarray]:
     """Name every leaf of a pytree by its key path (``w``, ``layer_0.bias``, ``x[1]``)."""
     named = {}
     leaves_with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -85,7 +85,7 @@ class Result:
         and a sample_stats group; run figures go to the attributes."""
         import arviz as az
 
-        posterior = _flatten_names(self.samples)
+        posterior = flatten_names(self.samples)
         stats = {k: np.asarray(v) for k, v in self.sample_stats.items()}
         attrs = {"algorithm": self.algorithm}
         for key, value in self.info.items():

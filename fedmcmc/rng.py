@@ -151,3 +151,13 @@ def fold_in(key, data):
     low = jnp.asarray(data).astype(jnp.uint32)
     b1, b2 = _threefry2x32(words[..., 0], words[..., 1], jnp.zeros_like(low), low)
     return jax.random.wrap_key_data(jnp.stack([b1, b2], axis=-1), impl="threefry2x32")
+
+
+def numpy_generator(seed) -> np.random.Generator:
+    """A NumPy ``Generator`` from a seed (an int or ``None``) or the generator itself: how the
+    data-side code (partitions, synthetic data, data-set splits) draws its random numbers."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
+        return np.random.default_rng(seed)
+    raise ValueError(f"seed must be an int, None or a numpy Generator, got {type(seed).__name__}")

@@ -25,7 +25,7 @@ import pytest
 
 import fedmcmc as fm
 from fedmcmc.decentralised import diagnostics, graphs, kernels
-from fedmcmc.langevin.schedules import piecewise_constant
+from fedmcmc.schedules import piecewise_constant
 
 from stats import ess_per_coordinate, variance_ratio_bounds
 

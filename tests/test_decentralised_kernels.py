@@ -9,7 +9,7 @@ import pytest
 
 import fedmcmc as fm
 from fedmcmc.decentralised import graphs, kernels
-from fedmcmc.langevin.schedules import constant, piecewise_constant
+from fedmcmc.schedules import constant, piecewise_constant
 
 
 def logistic_problem(n_agents=6, dim=3, seed=0):
@@ -267,9 +267,9 @@ def test_bad_arguments_raise_value_errors_naming_them():
 
 
 def test_decaying_step_size_and_divergence():
-    from fedmcmc.decentralised.algorithms import _decaying
+    from fedmcmc.decentralised.algorithms import decaying_schedule
 
-    schedule = _decaying(1e-3, 10, 0.1)
+    schedule = decaying_schedule(1e-3, 10, 0.1)
     assert [float(schedule(t)) for t in (0, 9, 10, 25)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-5])
     model, fed, init = logistic_problem()
     # a diverging agent is caught even when only the network average is kept

@@ -20,7 +20,7 @@ import fedmcmc as fm
 from fedmcmc import surrogates
 from fedmcmc.engines import local
 from fedmcmc.langevin import dsgld, estimators, fsgld, sgld
-from fedmcmc.langevin.schedules import constant
+from fedmcmc.schedules import constant
 
 
 def sequential_scheduler(uniforms, iteration, client, visits, cumulative_weights, local_steps):

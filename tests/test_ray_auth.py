@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import fedmcmc as fm  # noqa: E402
 from fedmcmc.engines.comm import ClientFailureError  # noqa: E402
-from fedmcmc.engines.handoff import check_engine_options  # noqa: E402
+from fedmcmc.engines.options import check_engine_options  # noqa: E402
 from fedmcmc.engines.ray_security import (  # noqa: E402
     AUTH_ENV_VARS,
     LocalAuthentication,

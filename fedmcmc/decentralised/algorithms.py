@@ -36,7 +36,7 @@ import numpy as np
 from ..algorithm import Algorithm, check_positive_float, check_positive_int
 from ..checkpoint import restore_states, split_run_options
 from ..engines.local import default_chunk_size, run_chains
-from ..langevin.schedules import as_schedule
+from ..schedules import as_schedule
 from ..results import Result, SamplingDivergedError
 from . import graphs as graph_module
 from . import kernels
@@ -67,7 +67,7 @@ def _check_graph(graph: Any) -> Any:
     )
 
 
-def _decaying(step_size: Any, decay_every: Optional[int], decay_factor: float):
+def decaying_schedule(step_size: Any, decay_every: Optional[int], decay_factor: float):
     schedule = as_schedule(step_size)
     if decay_every is None:
         return schedule
@@ -79,7 +79,7 @@ def _decaying(step_size: Any, decay_every: Optional[int], decay_factor: float):
     return decayed
 
 
-def _unravel_numpy(flat_model, draws: np.ndarray):
+def unravel_draws_numpy(flat_model, draws: np.ndarray):
     """``flat_model.unravel_draws`` in NumPy: slices of the flat axis reshaped to each leaf
     (``ravel_pytree`` concatenates the leaves in ``tree_leaves`` order). Avoids compiling
     small XLA programs for what is only slicing."""
@@ -111,7 +111,7 @@ class _Decentralised(Algorithm):
     divergence_threshold: float = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS`` on the local
     #: engine (on engine="ray" the callbacks are accepted but not called, and resuming is
-    #: refused: see ``engines/handoff.check_engine_options``)
+    #: refused: see ``engines/options.check_engine_options``)
     supports_resume: bool = True
 
     def _common(
@@ -200,7 +200,7 @@ class _Decentralised(Algorithm):
         local_gradient = kernels.local_gradient_fn(flat_model, padded, self.batch_size)
         full_gradient = kernels.full_gradient_fn(flat_model, padded)
         mix = topo.mixer()
-        schedule = _decaying(self.step_size, self.decay_every, self.decay_factor)
+        schedule = decaying_schedule(self.step_size, self.decay_every, self.decay_factor)
         step = self._kernel(local_gradient, mix, schedule, n)
 
         theta0 = flat_model.ravel(init)
@@ -263,7 +263,7 @@ class _Decentralised(Algorithm):
         kept = draws.shape[1]
         average = draws[:, :, :dim]
         agents = draws[:, :, dim:].reshape(chains, kept, n, dim) if keep_agents else None
-        samples = _unravel_numpy(flat_model, average)
+        samples = unravel_draws_numpy(flat_model, average)
         iterations = run.draws_done * thin
         floats_per_message = dim * (2 if self.tracking else 1)
         directed_edges = 2 * topo.num_edges
@@ -298,7 +298,7 @@ class _Decentralised(Algorithm):
         if gamma is not None:
             info["gamma"] = gamma
         if self.keep_agent_samples:
-            info["agent_samples"] = _unravel_numpy(flat_model, agents)
+            info["agent_samples"] = unravel_draws_numpy(flat_model, agents)
         if start_draw:
             info["start_draw"] = int(start_draw)
             if self.keep_agent_samples:

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..federation import Federation
+from ..progress import progress_bar
 from .comm import ClientEndpoint, ClientFailure, ClientFailureError, Transport, describe_federation
 
 __all__ = ["PDMPWorker", "RemoteWorkers", "BroadcastDraw", "run_remote_chains", "sample_pdmp"]
@@ -367,7 +368,7 @@ def run_remote_chains(draw_all, initial_states, key, *, burn_in: int, num_sample
     in-process engine."""
     import sys
 
-    from .local import ChainRun, _progress, default_chunk_size
+    from .local import ChainRun, default_chunk_size
 
     total = burn_in + num_samples
     chunk_size = chunk_size or default_chunk_size(total)
@@ -383,7 +384,7 @@ def run_remote_chains(draw_all, initial_states, key, *, burn_in: int, num_sample
     failure = None
     done = 0
     unreported = 0  # kept draws not yet passed to on_draws
-    bar = _progress(progress, label, total)
+    bar = progress_bar(progress, label, total)
     started = time.perf_counter()
     last_update = started
     try:

@@ -39,15 +39,13 @@ import numpy as np
 
 from ..federation import ConcatenatedData, Federation
 from ..federation import describe_client
+from ..progress import progress_bar
+from ..schedules import as_schedule, describe_step_size
+from .local import iteration_key
+from .options import check_engine_options
 from .comm import ClientEndpoint, ClientFailure, ClientFailureError, Transport, describe_federation
 
-__all__ = ["HandoffClient", "iteration_key", "run_handoff", "HandoffRun", "sample_handoff"]
-
-
-def iteration_key(root: jax.Array, chains: int, thin: int, chain, t):
-    """The key of iteration ``t`` of ``chain`` in the in-process engine (see module doc)."""
-    draw_key = jax.random.split(jax.random.fold_in(root, t // thin), chains)[chain]
-    return jax.random.split(draw_key, thin)[t % thin]
+__all__ = ["HandoffClient", "run_handoff", "HandoffRun", "sample_handoff", "sample_on_ray"]
 
 
 # ----------------------------------------------------------------------------- client side
@@ -64,8 +62,6 @@ class HandoffClient(ClientEndpoint):
     """
 
     def __init__(self, index: int, source: Any, model, init: Any, spec: Dict[str, Any]):
-        from ..langevin.schedules import as_schedule
-
         super().__init__(index, source)
         self.spec = dict(spec)
         self.model = model
@@ -282,7 +278,7 @@ def run_handoff(
     carried by :class:`ClientFailureError`. ``progress``: a progress bar of the
     draws received over all chains (default: when stderr is a terminal).
     """
-    bar = _progress_bar(progress, label, chains * total_draws)
+    bar = progress_bar(progress, label, chains * total_draws)
     try:
         return _run_handoff(
             transport, weights, theta0, chains, thin, local_steps, total_draws, seed,
@@ -290,16 +286,6 @@ def run_handoff(
     finally:
         if bar is not None:
             bar[0].stop()
-
-
-def _progress_bar(progress: Optional[bool], label: str, total: int):
-    import sys
-
-    from .local import _progress
-
-    if progress is None:
-        progress = sys.stderr.isatty()
-    return _progress(progress, label, total)
 
 
 def _run_handoff(transport, weights, theta0, chains, thin, local_steps, total_draws, seed,
@@ -478,52 +464,6 @@ def _run_handoff(transport, weights, theta0, chains, thin, local_steps, total_dr
 
 # ----------------------------------------------------------------------------- algorithm adapter
 
-ENGINE_OPTIONS = (
-    "ray_address",
-    "visit_timeout",
-    "on_client_failure",
-    "client_resources",
-    "client_num_cpus",
-    "audit_messages",
-    "ray_init_options",
-    "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
-    # testing only: {"client": s, "after_visits": k, "kind": "exit" | "hang"[, "seconds": t]}
-    # makes client s die (os._exit) or hang during its (k+1)-th visit
-    "fault_injection",
-)
-
-
-def check_engine_options(options: Dict[str, Any], name: str) -> Dict[str, Any]:
-    from ..checkpoint import RUN_OPTIONS
-
-    unknown = sorted(set(options) - set(ENGINE_OPTIONS) - set(RUN_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"unknown options for {name} on engine='ray': {unknown}; "
-            f"engine options are {list(ENGINE_OPTIONS)}"
-        )
-    # Resuming needs chain states at a draw index, which this engine does not checkpoint:
-    # reject it. The checkpoint callbacks (fedmcmc run passes them) are accepted and not
-    # called: the run is not checkpointed and restarts from the beginning on --resume.
-    used = [k for k in ("start_draw", "resume_state") if options.get(k) not in (None, 0)]
-    if used:
-        raise ValueError(
-            f"options {used} (resume) are not supported with engine='ray'; "
-            "use engine='local'"
-        )
-    out = {k: options[k] for k in ENGINE_OPTIONS if k in options}
-    policy = out.get("on_client_failure", "stop")
-    if policy not in ("stop", "drop"):
-        raise ValueError(f"on_client_failure must be 'stop' or 'drop', got {policy!r}")
-    out["on_client_failure"] = policy
-    timeout = out.get("visit_timeout")
-    if timeout is not None:
-        from ..algorithm import check_positive_float
-
-        out["visit_timeout"] = check_positive_float(timeout, "visit_timeout")
-    return out
-
-
 def sample_handoff(
     algorithm,
     model,
@@ -549,7 +489,6 @@ def sample_handoff(
     and returns a :class:`Transport` whose endpoints are those clients.
     """
     from .. import surrogates as surrogate_module
-    from ..langevin.algorithms import _describe
     from ..results import Result, SamplingDivergedError
 
     is_fsgld = algorithm.name == "FSGLD"
@@ -573,7 +512,7 @@ def sample_handoff(
         spec.update(alpha=algorithm.alpha, alpha_warmup=algorithm.alpha_warmup)
     info: Dict[str, Any] = {
         "engine": engine_label,
-        "step_size": _describe(algorithm.step_size),
+        "step_size": describe_step_size(algorithm.step_size),
         "batch_size": algorithm.batch_size,
         "local_steps": algorithm.local_steps,
         "num_clients": num_clients,
@@ -784,3 +723,31 @@ def _result_of(run: HandoffRun, algorithm, flat_model, base_info, transport, bur
     stats = {"client": run.clients[:, burn_in:].copy(), "round": run.rounds_at_draw[:, burn_in:].copy()}
     samples = flat_model.unravel_draws(jnp.asarray(kept))
     return Result(samples=samples, info=info, sample_stats=stats, algorithm=algorithm.name)
+
+
+def sample_on_ray(algorithm, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+           progress=None, **options):
+    """DSGLD/FSGLD on Ray, one actor per client (called by their ``sample`` when
+    ``engine="ray"``)."""
+    from .ray_engine import RayTransport, ray_session
+    from .ray_security import record_ray_authentication
+
+    options = check_engine_options(options, algorithm.name)
+    resources = options.get("client_resources")
+    num_cpus = options.get("client_num_cpus", 0)
+
+    def make_transport(specs):
+        return RayTransport(specs, resources=resources, num_cpus=num_cpus)
+
+    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
+                     options.get("allow_unauthenticated_cluster", False)):
+        return record_ray_authentication(sample_handoff(
+            algorithm, model, federation, make_transport,
+            init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
+            seed=seed, engine_label="ray",
+            visit_timeout=options.get("visit_timeout"),
+            on_client_failure=options["on_client_failure"],
+            audit_messages=bool(options.get("audit_messages", False)),
+            fault_injection=options.get("fault_injection"),
+            progress=progress,
+        ))

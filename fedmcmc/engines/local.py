@@ -26,10 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
+from ..progress import progress_bar
 
 PyTree = Any
 
-__all__ = ["ChainRun", "run_chains", "default_chunk_size", "compiler_options"]
+__all__ = ["ChainRun", "run_chains", "default_chunk_size", "compiler_options", "iteration_key"]
 
 
 class ChainRun(NamedTuple):
@@ -53,6 +54,15 @@ class ChainRun(NamedTuple):
     def seconds_per_draw(self) -> Optional[float]:
         """Wall time per draw (all chains together) once compiled; ``None`` if unmeasured."""
         return self.steady_time / self.steady_draws if self.steady_draws else None
+
+
+def iteration_key(root: jax.Array, chains: int, thin: int, chain, t):
+    """The key of iteration ``t`` of ``chain`` in this engine: draw ``t // thin``'s key
+    ``fold_in(root, t // thin)``, split over chains, split over its ``thin`` iterations. The
+    protocol engines derive their iterations' keys with it, so their draws equal this
+    engine's."""
+    draw_key = jax.random.split(jax.random.fold_in(root, t // thin), chains)[chain]
+    return jax.random.split(draw_key, thin)[t % thin]
 
 
 # XLA's CPU compiler splits a fused loop into tasks on its intra-op thread pool when a cost
@@ -81,32 +91,6 @@ def default_chunk_size(total_draws: int, target_chunks: int = 20) -> int:
     size = max(1, math.ceil(total_draws / target_chunks))
     chunks = max(1, math.ceil(total_draws / size))
     return max(1, math.ceil(total_draws / chunks))
-
-
-def _progress(enabled: bool, label: str, total: int):
-    if not enabled:
-        return None
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        transient=False,
-    )
-    progress.start()
-    task = progress.add_task(label, total=total, rate="compiling")
-    return progress, task
 
 
 def run_chains(
@@ -244,7 +228,7 @@ def run_chains(
     interrupted = False
     done = start_draw
     steady_draws, steady_time, chunks_run = 0, 0.0, 0
-    bar = _progress(progress, label, total)
+    bar = progress_bar(progress, label, total)
     started = time.perf_counter()
     try:
         while done < total:

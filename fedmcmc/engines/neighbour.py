@@ -42,8 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..progress import progress_bar
 from .comm import ClientEndpoint, ClientFailureError, describe_federation
-from .handoff import iteration_key
+from .local import iteration_key
 
 __all__ = ["AgentClient", "sample_decentralised"]
 
@@ -54,7 +55,7 @@ class AgentClient(ClientEndpoint):
     ``source``: the agent's data or its loader (called here, in the agent's process)."""
 
     def __init__(self, index: int, source: Any, model, init: Any, spec: Dict[str, Any]):
-        from ..decentralised.algorithms import _decaying
+        from ..decentralised.algorithms import decaying_schedule
 
         super().__init__(index, source)
         self.spec = dict(spec)
@@ -62,7 +63,7 @@ class AgentClient(ClientEndpoint):
         self.flat_model = flat
         self.data = jax.tree_util.tree_map(jnp.asarray, self.data)
         n, chains, dim = spec["n"], spec["chains"], flat.dim
-        self.schedule = _decaying(spec["step_size"], spec["decay_every"], spec["decay_factor"])
+        self.schedule = decaying_schedule(spec["step_size"], spec["decay_every"], spec["decay_factor"])
         self.neighbours: List[int] = list(spec["neighbours"])
         self.own_coefficient = float(spec["laplacian_row"][self.index])
         self.neighbour_coefficients = np.asarray(
@@ -171,7 +172,7 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
                          chains, seed, progress=None, **options):
     """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``)."""
     from ..results import Result
-    from .handoff import check_engine_options
+    from .options import check_engine_options
     from .ray_engine import RayTransport, ray_session
     from .ray_security import session_authentication
 
@@ -228,9 +229,8 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
         gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
         done = 0
         started = time.perf_counter()
-        from .handoff import _progress_bar
 
-        bar = _progress_bar(progress, f"{algorithm.name} (ray)", total)
+        bar = progress_bar(progress, f"{algorithm.name} (ray)", total)
         last_update = started
 
         def gather(refs):
@@ -316,7 +316,7 @@ def _failure(client: Optional[int], reason: str) -> ClientFailureError:
 
 def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done, burn_in,
             thin, chains, topo, neighbours, floats_per_message, started, transport):
-    from ..decentralised.algorithms import _unravel_numpy
+    from ..decentralised.algorithms import unravel_draws_numpy
     from ..results import Result
 
     iterations = done * thin
@@ -358,8 +358,8 @@ def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, don
         info["gamma"] = gamma
     kept = slice(burn_in, None)
     if algorithm.keep_agent_samples:
-        info["agent_samples"] = _unravel_numpy(flat_model, agents[:, kept])
-    samples = _unravel_numpy(flat_model, draws[:, kept])
+        info["agent_samples"] = unravel_draws_numpy(flat_model, agents[:, kept])
+    samples = unravel_draws_numpy(flat_model, draws[:, kept])
     stats = {"consensus_error": consensus[:, kept]}
     if gradient_error is not None:
         stats["gradient_error"] = gradient_error[:, kept]

@@ -140,29 +140,3 @@ class RayTransport(Transport):
             if client not in self._dead:
                 self.kill(client)
         self.actors = []
-
-
-def sample(algorithm, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-           progress=None, **options):
-    """DSGLD/FSGLD on Ray (called by their ``sample`` when ``engine="ray"``)."""
-    from .handoff import check_engine_options, sample_handoff
-
-    options = check_engine_options(options, algorithm.name)
-    resources = options.get("client_resources")
-    num_cpus = options.get("client_num_cpus", 0)
-
-    def make_transport(specs):
-        return RayTransport(specs, resources=resources, num_cpus=num_cpus)
-
-    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
-                     options.get("allow_unauthenticated_cluster", False)):
-        return record_ray_authentication(sample_handoff(
-            algorithm, model, federation, make_transport,
-            init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
-            seed=seed, engine_label="ray",
-            visit_timeout=options.get("visit_timeout"),
-            on_client_failure=options["on_client_failure"],
-            audit_messages=bool(options.get("audit_messages", False)),
-            fault_injection=options.get("fault_injection"),
-            progress=progress,
-        ))

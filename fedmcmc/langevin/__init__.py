@@ -5,7 +5,7 @@ Kernels (pure functions of explicit state): ``sgld.py`` (eq. 1-2),
 ``estimators.py``; public classes in ``algorithms.py``.
 """
 
-from . import dsgld, estimators, fsgld, schedules, sgld
+from . import dsgld, estimators, fsgld, sgld
 from .algorithms import DSGLD, FSGLD, SGLD
 
-__all__ = ["SGLD", "DSGLD", "FSGLD", "sgld", "dsgld", "fsgld", "estimators", "schedules"]
+__all__ = ["SGLD", "DSGLD", "FSGLD", "sgld", "dsgld", "fsgld", "estimators"]

@@ -32,7 +32,7 @@ from . import dsgld, fsgld, sgld
 from . import step_size as step_size_module
 from . import estimators
 from .estimators import conducive_gradient_from_terms, conducive_terms, draw_minibatch, dsgld_gradient
-from .schedules import as_schedule
+from ..schedules import as_schedule, describe_step_size
 
 __all__ = ["SGLD", "DSGLD", "FSGLD", "StepSizeWarning"]
 
@@ -277,7 +277,7 @@ class SGLD(_LangevinAlgorithm):
         run_options = split_run_options(options, "SGLD")
         flat_model = model.flatten(init)
         data = federation.concatenated()
-        info = {"step_size": _describe(self.step_size), "batch_size": self.batch_size}
+        info = {"step_size": describe_step_size(self.step_size), "batch_size": self.batch_size}
         step_size = self.step_size
         if step_size == "auto":
             step_size = self._auto(flat_model, federation, data, flat_model.ravel(init), seed, info)
@@ -320,10 +320,6 @@ class SGLD(_LangevinAlgorithm):
         covariance = step_size_module.noise_covariance([1.0], within, means)
         return _step_size_choice("auto", self.step_size_tolerance, np.asarray(precision),
                                  covariance, self.name, info)
-
-
-def _describe(step_size):
-    return step_size if not callable(step_size) else getattr(step_size, "__name__", "schedule")
 
 
 class DSGLD(_LangevinAlgorithm):
@@ -425,7 +421,7 @@ class DSGLD(_LangevinAlgorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         if engine == "ray":
-            from ..engines import ray_engine
+            from ..engines.handoff import sample_on_ray
 
             if self.step_size == "auto":
                 raise ValueError(
@@ -433,7 +429,7 @@ class DSGLD(_LangevinAlgorithm):
                     "run once on engine='local' (or on a sample of the clients) and pass "
                     "result.info['step_size'] as a number")
 
-            return ray_engine.sample(
+            return sample_on_ray(
                 self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
                 thin=thin, chains=chains, seed=seed, progress=progress, **options,
             )
@@ -443,7 +439,7 @@ class DSGLD(_LangevinAlgorithm):
         weights = jnp.asarray(federation.weights, dtype=jnp.float32)
         theta0 = flat_model.ravel(init)
         info = {
-            "step_size": _describe(self.step_size),
+            "step_size": describe_step_size(self.step_size),
             "batch_size": self.batch_size,
             "local_steps": self.local_steps,
             "num_clients": federation.num_clients,
@@ -602,7 +598,6 @@ class FSGLD(DSGLD):
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
-        self._burn_in_iterations = burn_in * thin
         if self.alpha_warmup > burn_in * thin:
             raise ValueError(
                 f"alpha_warmup={self.alpha_warmup} iterations is longer than burn-in "

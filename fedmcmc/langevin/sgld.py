@@ -16,7 +16,7 @@ from ..federation import ConcatenatedData
 from ..minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
 
-__all__ = ["SGLDState", "StepNoise", "LangevinStep", "run_updates", "init", "langevin_update",
+__all__ = ["SGLDState", "StepNoise", "LangevinStep", "run_updates", "init",
            "build_kernel"]
 
 
@@ -95,12 +95,6 @@ def step_noise(key, batch_size: int, dim: int, dtype, client_dtype=jnp.float32) 
         batch=rng.uniform(key_batch, (batch_size,)),
         normal=rng.normal(key_noise, (dim,), dtype),
     )
-
-
-def langevin_update(key, position, gradient, step_size):
-    """Equation (1): theta + (h/2) v + eta, eta ~ N(0, h I)."""
-    noise = jax.random.normal(key, position.shape, position.dtype)
-    return langevin_move(position, gradient, step_size, noise)
 
 
 def langevin_move(position, gradient, step_size, normal):

@@ -46,6 +46,7 @@ from .metric_learning import metric_learning, metric_learning_pairs, top_eigenve
 from .nn import lenet5, mlp_classifier
 from .synthetic import delayed_communication_data
 from .pdmp_examples import ar1_data, ar1_student_t, lgcp, lgcp_data
+from ..rng import numpy_generator
 
 _REGISTRY: Dict[str, Callable[..., Model]] = {
     "gaussian_mean": gaussian_mean,
@@ -90,11 +91,10 @@ def _gaussian_mean_data(model_params, num_examples=1000, mean=1.0, seed=0):
     import numpy as np
 
     from ._common import as_matrix, as_vector
-    from .synthetic import _rng
 
     dim = int(model_params.get("dim", 2))
     cov = as_matrix(model_params.get("noise_cov", 1.0), dim, "noise_cov")
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     x = rng.multivariate_normal(as_vector(mean, dim, "mean"), cov, size=int(num_examples))
     return x.astype(np.float32)
 
@@ -102,9 +102,8 @@ def _gaussian_mean_data(model_params, num_examples=1000, mean=1.0, seed=0):
 def _bernoulli_data(model_params, num_examples=100, p=0.3, seed=0):
     import numpy as np
 
-    from .synthetic import _rng
 
-    return (_rng(seed).random(int(num_examples)) < float(p)).astype(np.float32)
+    return (numpy_generator(seed).random(int(num_examples)) < float(p)).astype(np.float32)
 
 
 def _regression_data(generator):

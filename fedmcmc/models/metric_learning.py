@@ -33,6 +33,7 @@ import numpy as np
 from ..federation import Federation
 from ..model import Model
 from ._common import LOG_2PI, positive_float, positive_int
+from ..rng import numpy_generator
 
 __all__ = ["metric_learning", "metric_learning_pairs", "top_eigenvectors"]
 
@@ -178,7 +179,6 @@ def metric_learning_pairs(
     ``{"xi": (P, D), "xj": (P, D), "y": (P,)}``; ``train_inputs`` are the
     training rows, whose eigenvectors define A in :func:`metric_learning`.
     """
-    from ..partition import _rng
 
     x = np.asarray(inputs, dtype=np.float32)
     y = np.asarray(labels)
@@ -186,7 +186,7 @@ def metric_learning_pairs(
         raise ValueError(
             f"inputs must be (N, D) and labels (N,), got {x.shape} and {y.shape}"
         )
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_clients = positive_int(num_clients, "num_clients")
     pairs_per_client = positive_int(pairs_per_client, "pairs_per_client")
     if pairs_per_client < 2:

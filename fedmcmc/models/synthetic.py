@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence, Tuple
 import numpy as np
 
 from ..federation import Federation
+from ..rng import numpy_generator
 from ._common import positive_float, positive_int
 
 __all__ = [
@@ -37,12 +38,6 @@ __all__ = [
     "poisson_regression_data",
     "linear_regression_data",
 ]
-
-
-def _rng(seed):
-    from ..partition import _rng as rng
-
-    return rng(seed)
 
 
 def delayed_communication_data(
@@ -62,7 +57,7 @@ def delayed_communication_data(
     ``(federation, mus)`` with ``mus`` of shape ``(num_clients, dim)``.
     Model: ``fm.models.gaussian_mean(dim)`` (prior N(0, I), eq. 9).
     """
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_clients = positive_int(num_clients, "num_clients")
     client_size = positive_int(client_size, "client_size")
     dim = positive_int(dim, "dim")
@@ -89,7 +84,7 @@ def bernoulli_clients(
     independent Bernoulli(means[s]) draws. Data leaves: float32 0/1 of shape
     ``(client_size,)``; f_s = 1/S. Model: ``fm.models.bernoulli()``.
     """
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     client_size = positive_int(client_size, "client_size")
     means = np.asarray(means, dtype=np.float64)
     if means.ndim != 1 or means.size == 0 or np.any((means < 0) | (means > 1)):
@@ -114,7 +109,7 @@ def gaussian_data(
     ``fm.models.gaussian_mean(dim, prior_cov=None, noise_cov=scale**2)``; split
     with ``fm.partition.iid``.
     """
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_examples = positive_int(num_examples, "num_examples")
     dim = positive_int(dim, "dim")
     scale = positive_float(scale, "scale")
@@ -143,7 +138,7 @@ def logistic_regression_data(
     true coefficients are standard normal unless given, and y ~ Bernoulli(sigmoid(x^T beta)).
     Returns ``({"x": (N, d) float32, "y": (N,) float32}, true_params)``.
     """
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_examples = positive_int(num_examples, "num_examples")
     dim = positive_int(dim, "dim")
     beta = rng.standard_normal(dim) if true_params is None else np.asarray(true_params, float)
@@ -169,7 +164,7 @@ def poisson_regression_data(
     ``np.digitize(x[:, 1], quantiles)`` or with ``fm.partition.dirichlet`` on ``y``.
     Returns ``({"x": (N, d), "y": (N,)}, true_params)`` (float32).
     """
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_examples = positive_int(num_examples, "num_examples")
     dim = positive_int(dim, "dim")
     spread = positive_float(spread, "spread")
@@ -192,7 +187,7 @@ def linear_regression_data(
     (column 0 = 1 with ``intercept``), beta standard normal unless given.
     Returns ``({"x": (N, d), "y": (N,)}, true_params)`` (float32).
     """
-    rng = _rng(seed)
+    rng = numpy_generator(seed)
     num_examples = positive_int(num_examples, "num_examples")
     dim = positive_int(dim, "dim")
     noise_std = positive_float(noise_std, "noise_std")

@@ -43,7 +43,7 @@ from ..results import Result, SamplingDivergedError
 from . import federated, privacy as privacy_module
 from .boomerang import BoomerangSpec
 from .bounds import (
-    _as_q_l,
+    as_bound_pair,
     prior_hessian_bounds,
     whitened_bound,
 )
@@ -235,7 +235,7 @@ class _FedPDMP(Algorithm):
         in the dtype of ``init`` (the draws of ``result.samples``).
         """
         if engine == "ray":
-            from ..engines.handoff import check_engine_options
+            from ..engines.options import check_engine_options
 
             engine_options = check_engine_options(options, self.name)
         else:

@@ -56,7 +56,7 @@ def whitened_bound(q, l, chol) -> float:
     return min(spectral_norm(absl.T @ np.asarray(q, dtype=np.float64) @ absl), sigma_norm * float(l))
 
 
-def _as_q_l(bound, d):
+def as_bound_pair(bound, d):
     """A scalar (spectral) or matrix (elementwise) bound -> (q, l)."""
     b = np.asarray(bound, dtype=np.float64)
     if b.ndim == 0:
@@ -110,7 +110,7 @@ def prior_hessian_bounds(flat_model, model, theta0, safety, auto):
     d = flat_model.dim
     given = model.attributes.get("prior_hessian_bound")
     if given is not None and not auto:
-        q, l = _as_q_l(given, d)
+        q, l = as_bound_pair(given, d)
         return q, l
     h = np.abs(np.asarray(jax.jit(jax.hessian(lambda th: -flat_model.log_prior(th)))(theta0),
                           dtype=np.float64))

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from .events import affine_first_time
-from .rng import exponential64, split_key, uniform64
+from ..rng import exponential64, split_key, uniform64
 
 __all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "build"]
 

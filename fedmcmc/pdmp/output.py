@@ -4,34 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["batch_means_ess", "ess_from_batch_sums"]
-
-
-def batch_means_ess(interval_means: np.ndarray, variance: np.ndarray) -> np.ndarray:
-    """ESS of the trajectory average, per coordinate, summed over chains.
-
-    ``interval_means`` has shape ``(chains, n, d)``: the exact average of X(t)
-    over each sample interval. They are grouped into ``floor(sqrt(n))``-long
-    batches; with ``s^2`` the variance of the batch means and ``b`` the batch
-    length, the asymptotic variance of one interval is ``b s^2`` and
-    ``ESS = n variance / (b s^2)`` (``variance``: the target's variance,
-    e.g. the trajectory variance).
-    """
-    y = np.asarray(interval_means, dtype=np.float64)
-    chains, n, d = y.shape
-    b = max(1, int(np.floor(np.sqrt(n))))
-    nb = n // b
-    total = np.zeros(d)
-    for c in range(chains):
-        batches = y[c, : nb * b].reshape(nb, b, d).mean(axis=1)
-        s2 = batches.var(axis=0, ddof=1) if nb > 1 else np.full(d, np.inf)
-        asym = np.maximum(b * s2, 1e-300)
-        total += (nb * b) * np.asarray(variance) / asym
-    return total
+__all__ = ["ess_from_batch_sums"]
 
 
 def ess_from_batch_sums(batch_sums: np.ndarray, batch_length: int, variance: np.ndarray) -> np.ndarray:
-    """:func:`batch_means_ess` from per-batch sums of the interval means.
+    """ESS of the trajectory average, per coordinate, summed over chains, by batch means.
+
+    The exact averages of X(t) over consecutive sample intervals are grouped into batches
+    of ``batch_length``; with ``s^2`` the variance of the batch means and ``b`` the batch
+    length, the asymptotic variance of one interval is ``b s^2`` and
+    ``ESS = n variance / (b s^2)`` (``variance``: the target's variance, e.g. the
+    trajectory variance).
 
     ``batch_sums`` has shape ``(chains, nb, d)``: the sum of ``batch_length``
     consecutive interval means per batch (what the samplers accumulate in their

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import federated
-from .bounds import _as_q_l, whitened_bound
+from .bounds import as_bound_pair, whitened_bound
 from .dynamics import Reference
 
 __all__ = ["SingleKernel", "build_single_kernel", "make_reference"]
@@ -60,7 +60,7 @@ def build_single_kernel(spec, logdensity_fn, *, hessian_bound=None, exact=False,
         if exact:
             q, l = np.zeros((d, d)), 0.0
         else:
-            q, l = _as_q_l(hessian_bound, d)
+            q, l = as_bound_pair(hessian_bound, d)
         lw = 0.0
         if reference is not None:
             lw = whitened_bound(q, l, reference.chol) + 1.0

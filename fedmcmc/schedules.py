@@ -1,4 +1,5 @@
-"""Step-size schedules h_t for the Langevin samplers (paper convention, see ``sgld.py``).
+"""Step-size schedules h_t, shared by every family (the Langevin samplers' paper convention,
+see ``langevin/sgld.py``; DULA/GT-DULA's alpha_k).
 
 A schedule is a function of the iteration counter t (a traced integer) that
 returns the step size h_t; a plain float is the constant schedule.
@@ -10,7 +11,7 @@ from typing import Callable, Union
 
 import jax.numpy as jnp
 
-__all__ = ["constant", "polynomial", "piecewise_constant", "as_schedule", "StepSize"]
+__all__ = ["constant", "polynomial", "piecewise_constant", "as_schedule", "StepSize", "describe_step_size"]
 
 StepSize = Union[float, Callable]
 
@@ -60,3 +61,8 @@ def as_schedule(step_size: StepSize, argument: str = "step_size") -> Callable:
     if not (value > 0 and jnp.isfinite(value)):
         raise ValueError(f"{argument} must be a positive finite number, got {step_size!r}")
     return constant(value)
+
+
+def describe_step_size(step_size):
+    """A step size as ``result.info`` records it: the number, ``"auto"``, or a schedule's name."""
+    return step_size if not callable(step_size) else getattr(step_size, "__name__", "schedule")

@@ -1,0 +1,55 @@
+"""The options of ``fm.sample(..., engine="ray", **options)``, checked once for every family
+(the list and their meaning: ``ray_engine.py``'s module docstring)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from ..algorithm import check_positive_float
+from ..checkpoint import RUN_OPTIONS
+
+__all__ = ["ENGINE_OPTIONS", "check_engine_options"]
+
+
+ENGINE_OPTIONS = (
+    "ray_address",
+    "visit_timeout",
+    "on_client_failure",
+    "client_resources",
+    "client_num_cpus",
+    "audit_messages",
+    "ray_init_options",
+    "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
+    # testing only: {"client": s, "after_visits": k, "kind": "exit" | "hang"[, "seconds": t]}
+    # makes client s die (os._exit) or hang during its (k+1)-th visit
+    "fault_injection",
+)
+
+
+def check_engine_options(options: Dict[str, Any], name: str) -> Dict[str, Any]:
+    """Keep the Ray engine options of ``options`` (``ValueError`` naming any other, or a
+    resume option, which the Ray engine does not support), with defaults filled in."""
+    unknown = sorted(set(options) - set(ENGINE_OPTIONS) - set(RUN_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"unknown options for {name} on engine='ray': {unknown}; "
+            f"engine options are {list(ENGINE_OPTIONS)}"
+        )
+    # Resuming needs chain states at a draw index, which this engine does not checkpoint:
+    # reject it. The checkpoint callbacks (fedmcmc run passes them) are accepted and not
+    # called: the run is not checkpointed and restarts from the beginning on --resume.
+    used = [k for k in ("start_draw", "resume_state") if options.get(k) not in (None, 0)]
+    if used:
+        raise ValueError(
+            f"options {used} (resume) are not supported with engine='ray'; "
+            "use engine='local'"
+        )
+    out = {k: options[k] for k in ENGINE_OPTIONS if k in options}
+    policy = out.get("on_client_failure", "stop")
+    if policy not in ("stop", "drop"):
+        raise ValueError(f"on_client_failure must be 'stop' or 'drop', got {policy!r}")
+    out["on_client_failure"] = policy
+    timeout = out.get("visit_timeout")
+    if timeout is not None:
+        out["visit_timeout"] = check_positive_float(timeout, "visit_timeout")
+    return out
