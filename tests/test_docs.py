@@ -66,7 +66,9 @@ def test_python_blocks_are_extracted_in_order_and_other_fences_skipped():
 
 def test_a_failing_block_is_reported_with_its_page_and_line(tmp_path, monkeypatch):
     page = tmp_path / "broken.md"
-    page.write_text("# Broken\n\n```python\nx = 1\n```\n\n```python\nraise RuntimeError('rotted')\n```\n")
+    page.write_text(
+        "# Broken\n\n```python\nx = 1\n```\n\n```python\nraise RuntimeError('rotted')\n```\n"
+    )
     monkeypatch.setattr(run_examples, "output_dir", lambda p: tmp_path / "out")
     failures = run_examples.run_page(page)
     assert len(failures) == 1
@@ -106,5 +108,6 @@ def test_every_page_runs_and_the_docs_build_with_warnings_as_errors(tmp_path):
 
     for name in fedmcmc.__all__:
         obj = getattr(fedmcmc, name)
-        anchor = f"module-{obj.__name__}" if isinstance(obj, types.ModuleType) else f"fedmcmc.{name}"
+        is_module = isinstance(obj, types.ModuleType)
+        anchor = f"module-{obj.__name__}" if is_module else f"fedmcmc.{name}"
         assert f'id="{anchor}"' in api, f"fedmcmc.{name} is missing from the API reference"
