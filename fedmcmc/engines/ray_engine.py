@@ -59,10 +59,9 @@ from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this modul
     UnauthenticatedClusterError,
     import_ray as _import_ray,
     ray_session,
-    record_ray_authentication,
 )
 
-__all__ = ["ray_session", "RayTransport", "sample", "UnauthenticatedClusterError"]
+__all__ = ["ray_session", "RayTransport", "UnauthenticatedClusterError"]
 
 
 class RayTransport(Transport):
