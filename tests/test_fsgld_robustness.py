@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
+from fedmcmc.langevin.algorithms import StepSizeWarning
 
 from stats import check_gaussian_moments, ess_per_coordinate
 
@@ -119,3 +120,24 @@ def test_safeguard_leaves_the_stationary_law_unchanged():
     # the chains start ~100 sds away, where the damping acts; once inside the trust region the
     # same noise drives both, so they merge
     assert np.max(np.abs(draws["auto"] - draws[None])) < 1e-2 * np.sqrt(variance.min())
+
+
+def test_step_past_the_stability_limit_warns_and_stops_with_the_draws():
+    """The fsgld-fig5-laplace --quick stand-in case (issue 15): h past 4 / lambda_max of the
+    posterior's curvature explodes whatever the trust region (the data term alone is
+    unstable). FSGLD warns before sampling, stops with the error that keeps the draws and
+    names the cause; step_size="auto" on the same federation is stable."""
+    rng = np.random.default_rng(0)
+    federation = fm.Federation([rng.normal(m, 1.0, size=(500, 2)).astype(np.float32)
+                                for m in (-1.0, 1.0)])
+    model = fm.Model(log_prior=lambda mu: -0.5 * jnp.sum(mu**2),
+                     log_likelihood=lambda mu, x: -0.5 * jnp.sum((x - mu) ** 2))
+    unstable = fm.FSGLD(step_size=0.02, batch_size=50, local_steps=10)  # (h/4) lambda = 5
+    with pytest.warns(StepSizeWarning, match="stability limit"):
+        with pytest.raises(fm.SamplingDivergedError, match="past the stability limit") as caught:
+            fm.sample(model, federation, unstable, init=jnp.zeros(2), num_samples=200,
+                      chains=2, seed=0, progress=False)
+    assert caught.value.result.info["discretisation_ratio"] == pytest.approx(5.0, rel=0.05)
+    stable = fm.sample(model, federation, fm.FSGLD(step_size="auto", batch_size=50, local_steps=10),
+                       init=jnp.zeros(2), num_samples=200, chains=2, seed=0, progress=False)
+    assert np.all(np.isfinite(stable.flat_samples()))

@@ -111,6 +111,18 @@ def _step_size_choice(step_size, tolerance, precision, covariance, name: str, in
             f"the injected noise (posterior variances inflated about that much); "
             f"step_size={better:.3g} brings the ratio to {tolerance:g}, or pass step_size='auto'",
             StepSizeWarning, stacklevel=4)
+    if choice.discretisation_ratio >= 1:
+        # (h/4) lambda_max(P) >= 1: h lambda_max >= 4, past the stability limit of the
+        # discretised dynamics along the stiffest direction; no safeguard on the conducive
+        # term can hold such a chain (the data term alone makes it explode)
+        stable = 4.0 * step_size / (4.0 * choice.discretisation_ratio)
+        warnings.warn(
+            f"{name}: step_size={step_size:g} gives (h/4) lambda_max = "
+            f"{choice.discretisation_ratio:.3g} for the posterior's largest curvature: above "
+            f"the stability limit h < 4 / lambda_max = {stable:.3g}, the chain will likely "
+            f"diverge; pass "
+            f"step_size='auto' or a step below {stable:.3g}",
+            StepSizeWarning, stacklevel=4)
     return step_size
 
 
@@ -238,6 +250,9 @@ class _LangevinAlgorithm(Algorithm):
                 f"{self.name}: {len(details)} chain(s) diverged (non-finite or |theta| > "
                 f"{self.divergence_threshold:g}): {text}. The draws made before are in "
                 "error.result; lower step_size"
+                + (f" (this one is past the stability limit: (h/4) lambda_max of the posterior "
+                   f"curvature is {info['discretisation_ratio']:.3g} >= 1; step_size='auto' "
+                   "chooses a stable one)" if info.get("discretisation_ratio", 0) >= 1 else "")
                 + (", or keep FSGLD's trust_radius safeguard on" if self.name == "FSGLD" else ""),
                 result,
                 info["diverged_chains"],
