@@ -1,4 +1,4 @@
-"""Fixed costs behind the README's Langevin and compilation figures, in one run.
+"""Fixed costs behind the Langevin and compilation figures of docs/reference/speed.md, in one run.
 
 1. The minibatch gather in a single chain's step: a hand-written SGLD step for logistic
    regression (d = 20, batch 50) in a jitted scan, gathering random rows or on fixed rows,

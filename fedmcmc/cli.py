@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run one configured experiment (several algorithms on one federation)",
         description="Run every algorithm of CONFIG on the same federation; write draws (ArviZ "
         "NetCDF), run info, the resolved config, report.md/report.html and plots into DIR.",
-        epilog="Config format: README.md, section 'Command line', and "
+        epilog="Config format: docs/guide/command-line.md and "
         "examples/linear_regression.yaml; every field is documented in fedmcmc/config.py. "
         "Exit status: 0 done, 1 invalid config or input, 130 interrupted (draws kept; "
         "continue with --resume).",
