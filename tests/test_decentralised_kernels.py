@@ -200,7 +200,10 @@ def test_minibatch_estimator_is_unbiased():
 
 @pytest.mark.parametrize("algorithm", [
     fm.DULA(step_size=1e-3, beta=0.3),
-    fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.3, batch_size=5, graph="exponential"),
+    # breaks Condition 1 (warned, not refused) and its agents drift apart (the spread check
+    # is off: this test is about the result's layout)
+    fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.3, batch_size=5, graph="exponential",
+              condition="warn", spread_limit=None),
 ])
 def test_result_layout(algorithm):
     model, fed, init = logistic_problem()
@@ -251,14 +254,22 @@ def test_bad_arguments_raise_value_errors_naming_them():
         (lambda: fm.DULA(step_size=1e-3, beta=0.3, graph="hexagon"), "graph"),
         (lambda: fm.DULA(step_size=1e-3, beta=0.3, condition="sometimes"), "condition"),
         (lambda: fm.DULA(step_size=1e-3, beta=0.3, decay_every=0), "decay_every"),
+        (lambda: fm.DULA(step_size="automatic", beta=0.3), "step_size"),
+        (lambda: fm.DULA(step_size=1e-3, beta="best"), "beta"),
+        (lambda: fm.GTDULA(gamma="auto-ish"), "gamma"),
+        (lambda: fm.GTDULA(tolerance=0.0), "tolerance"),
+        (lambda: fm.GTDULA(spread_limit=-1.0), "spread_limit"),
     ]:
         with pytest.raises(ValueError, match=name):
             make()
     for algorithm, name in [
-        (fm.DULA(step_size=1e-3, beta=0.3, batch_size=16), "batch_size"),
         (fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.2, graph=nx.cycle_graph(5)), "graph"),
         (fm.GTDULA(step_size=1e-3, beta=1.5, gamma=0.2, condition="raise"), "beta"),
         (fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.9, condition="raise"), "gamma"),
+        # Condition 1 is refused by default (issue 16)
+        (fm.GTDULA(step_size=1e-3, beta=1.5, gamma=0.2), "beta"),
+        (fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.9), "gamma"),
+        (fm.DULA(step_size=1e-3, beta=0.6), "beta"),
     ]:
         with pytest.raises(ValueError, match=name):
             fm.sample(model, fed, algorithm, init=init, num_samples=2)

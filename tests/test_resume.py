@@ -66,7 +66,9 @@ CONFIG = {
 
 #: info entries that measure this process's wall time or describe the interruption
 VOLATILE = {"wall_time", "seconds_per_iteration", "ess_per_second", "interrupted", "resumed_at_draw", "start_draw",
-            "agent_samples", "agent_samples_first_draw"}
+            "agent_samples", "agent_samples_first_draw",
+            # DULA/GT-DULA: measured from the draws of the resumed call only (as agent_samples)
+            "bias_estimate"}
 
 
 def _write_config(tmp_path):

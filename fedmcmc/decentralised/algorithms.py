@@ -21,12 +21,15 @@ are a function of the seed. A resumed run's ``info`` counts iterations, rounds
 and messages from draw 0; ``info["agent_samples"]`` holds the agents' draws
 of this call only (from global draw ``max(start_draw, burn_in)``, recorded in
 ``info["agent_samples_first_draw"]``): ``fedmcmc run`` stitches the network
-average, not the agents' draws.
+average, not the agents' draws; ``info["bias_estimate"]`` likewise measures the draws of
+the resumed call.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+import copy
+import warnings
+from typing import Any, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -39,16 +42,49 @@ from ..engines.local import default_chunk_size, run_chains
 from ..schedules import as_schedule
 from ..results import Result, SamplingDivergedError
 from . import graphs as graph_module
-from . import kernels
+from . import kernels, tuning
 
-__all__ = ["DULA", "GTDULA"]
+__all__ = ["DULA", "GTDULA", "NetworkBiasWarning"]
+
+AUTO = "auto"
+#: set-up reports (Hessians, d^2 floats per agent) are gathered when d is at most this
+MAX_SETUP_DIM = 200
+
+
+class NetworkBiasWarning(UserWarning):
+    """The draws say the network average is likely biased (``info["bias_estimate"]``)."""
 
 
 def _check_step_size(step_size: Any) -> Any:
+    if isinstance(step_size, str):
+        if step_size != AUTO:
+            raise ValueError(f"step_size must be a positive number, a schedule or 'auto', "
+                             f"got {step_size!r}")
+        return AUTO
     if callable(step_size):
         return step_size
     check_positive_float(step_size, "step_size")
     return float(step_size)
+
+
+def _check_coefficient(value: Any, argument: str) -> Any:
+    if isinstance(value, str):
+        if value != AUTO:
+            raise ValueError(f"{argument} must be a positive number or 'auto', got {value!r}")
+        return AUTO
+    return check_positive_float(value, argument)
+
+
+class Settings(NamedTuple):
+    """The numbers a run uses, and what the set-up learned (``"auto"`` resolved)."""
+
+    step_size: Any  # float or schedule
+    beta: float
+    gamma: Optional[float]
+    laplace_mean: Optional[np.ndarray]  # (d,) global mode, None when not computed
+    laplace_cov: Optional[np.ndarray]  # (d, d)
+    prediction: Optional[tuning.Prediction]
+    info: dict
 
 
 def _check_graph(graph: Any) -> Any:
@@ -127,9 +163,11 @@ class _Decentralised(Algorithm):
         noise,
         gradient_error,
         keep_agent_samples,
+        tolerance,
+        spread_limit,
     ):
         self.step_size = _check_step_size(step_size)
-        self.beta = check_positive_float(beta, "beta")
+        self.beta = _check_coefficient(beta, "beta")
         self.graph = _check_graph(graph)
         if batch_size is not None:
             batch_size = check_positive_int(batch_size, "batch_size")
@@ -138,8 +176,12 @@ class _Decentralised(Algorithm):
             raise ValueError(f"graph_options must be a dict, got {type(graph_options).__name__}")
         self.graph_options = dict(graph_options or {})
         if condition not in ("warn", "raise", "ignore"):
-            raise ValueError(f"condition must be 'warn', 'raise' or 'ignore', got {condition!r}")
+            raise ValueError(f"condition must be 'raise', 'warn' or 'ignore', got {condition!r}")
         self.condition = condition
+        self.tolerance = check_positive_float(tolerance, "tolerance")
+        if spread_limit is not None:
+            spread_limit = check_positive_float(spread_limit, "spread_limit")
+        self.spread_limit = spread_limit
         if decay_every is not None:
             decay_every = check_positive_int(decay_every, "decay_every")
         self.decay_every = decay_every
@@ -157,42 +199,119 @@ class _Decentralised(Algorithm):
         return graph_module.topology(self.graph, num_agents, self.graph_options)
 
     def _check_batch(self, federation) -> None:
-        if self.batch_size is not None:
-            smallest = int(federation.sizes.min())
-            if self.batch_size > smallest:
-                raise ValueError(
-                    f"batch_size={self.batch_size} is larger than the smallest agent's data "
-                    f"({smallest} examples)"
-                )
+        """``batch_size`` is an upper bound (``fedmcmc.minibatch``): nothing to refuse."""
 
     def _gamma(self):
         return None
 
-    def _kernel(self, local_gradient, mix, schedule, n):  # pragma: no cover - interface
+    def _kernel(self, local_gradient, mix, schedule, n, beta, gamma):  # pragma: no cover
         raise NotImplementedError
 
     def _init_state(self, key, positions, local_gradient):  # pragma: no cover - interface
         raise NotImplementedError
 
+    # ------------------------------------------------------------- settings
+    def settings(self, model, federation, init, topo: Optional[graph_module.Topology] = None,
+                 setup: Optional[bool] = None) -> Settings:
+        """Resolve ``"auto"`` and gather what the run-time checks need (the set-up).
+
+        ``beta="auto"``: 1/lambda_n; ``gamma="auto"``: min(beta, 1/lambda_2, 1/lambda_n);
+        ``step_size="auto"``: the largest alpha whose predicted bias of the network average
+        is at most ``tolerance`` posterior sd (:mod:`fedmcmc.decentralised.tuning`). The
+        set-up (Newton rounds to the global mode on the agents' gradient and Hessian
+        reports) also runs for numeric settings when the model has at most
+        ``MAX_SETUP_DIM`` parameters, for the spread check and the predicted bias in
+        ``info``; ``setup=False`` skips it (then ``step_size='auto'`` is refused).
+        """
+        n = federation.num_clients
+        topo = topo if topo is not None else self.topology(n)
+        requested = {name: getattr(self, name) == AUTO for name in ("step_size", "beta")}
+        beta = tuning.choose_beta(topo) if requested["beta"] else float(self.beta)
+        gamma = None
+        if self.tracking:
+            requested["gamma"] = self.gamma == AUTO
+            gamma = tuning.choose_gamma(topo, beta) if requested["gamma"] else float(self.gamma)
+        info = {"auto": sorted(k for k, v in requested.items() if v)}
+        flat_dim = model.flatten(init).dim
+        wanted = self.step_size == AUTO or (flat_dim <= MAX_SETUP_DIM and not callable(
+            self.step_size))
+        if setup is None:
+            setup = wanted and not federation.is_deferred
+        if self.step_size == AUTO and not setup:
+            raise ValueError(
+                "step_size='auto' needs the agents' curvature reports, which this engine does "
+                "not gather for a from_loaders federation: give step_size as a number (run "
+                "the same federation in memory with engine='local' to see the value 'auto' "
+                "picks)" if federation.is_deferred else
+                "step_size='auto' needs the set-up reports; do not pass setup=False")
+        if self.step_size == AUTO and flat_dim > MAX_SETUP_DIM:
+            raise ValueError(
+                f"step_size='auto' needs every agent's d x d Hessian and the model has "
+                f"d = {flat_dim} > {MAX_SETUP_DIM} parameters: give step_size as a number "
+                "(beta and gamma may stay 'auto')")
+        if not setup:
+            return Settings(self.step_size, beta, gamma, None, None, None, info)
+        terms, third, minibatch_noise = tuning.local_terms_fn(
+            model, init, federation.padded(), self.batch_size)
+        try:
+            mode, at_mode, rounds = tuning.global_mode(terms, np.asarray(model.flatten(init).ravel(
+                init), np.float64))
+        except ValueError:
+            if self.step_size == AUTO:
+                raise
+            info["setup"] = "skipped: no positive-definite Laplace approximation at the mode"
+            return Settings(self.step_size, beta, gamma, None, None, None, info)
+        noise = minibatch_noise(mode)
+        precision = at_mode.hessian.sum(0)
+        laplace_cov = np.linalg.inv(precision)
+        laplace_cov = 0.5 * (laplace_cov + laplace_cov.T)
+        info["setup_rounds"] = int(rounds)
+        laplacian = np.asarray(topo.laplacian, np.float64)
+        if self.step_size == AUTO:
+            prediction = tuning.choose_step_size(mode, at_mode, third, laplacian, beta, gamma,
+                                                 self.tolerance, gradient_noise=noise)
+            step_size = prediction.step_size
+        else:
+            step_size = self.step_size
+            try:
+                prediction = tuning.predict(mode, at_mode, third, laplacian, float(step_size),
+                                            beta, gamma, gradient_noise=noise)
+            except ValueError:  # the linearised recursion is unstable: no stationary law
+                prediction = None
+                info["predicted"] = "none: the linearised recursion is unstable"
+        return Settings(step_size, beta, gamma, mode, laplace_cov, prediction, info)
+
+    def _resolved(self, settings: Settings):
+        """A copy of this algorithm with the settings' numbers (what the Ray engine reads)."""
+        resolved = copy.copy(self)
+        resolved.step_size, resolved.beta = settings.step_size, settings.beta
+        if self.tracking:
+            resolved.gamma = settings.gamma
+        return resolved
+
     # --------------------------------------------------------------- sample
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
+        n = federation.num_clients
+        topo = self.topology(n)
+        settings = self.settings(model, federation, init, topo,
+                                 setup=False if engine == "ray" and federation.is_deferred
+                                 else None)
+        problems = graph_module.check_condition_1(
+            topo, settings.beta, settings.gamma, self.condition, stacklevel=4
+        )
         if engine == "ray":
             from ..engines.neighbour import sample_decentralised
 
             return sample_decentralised(
-                self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
-                thin=thin, chains=chains, seed=seed, progress=progress, **options,
+                self._resolved(settings), model, federation, init=init,
+                num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains, seed=seed,
+                progress=progress, **options,
             )
         run_options = split_run_options(options, self.name)
         if engine != "local":
             raise ValueError(f"engine={engine!r} is not available for {self.name}; use 'local'")
-        n = federation.num_clients
-        topo = self.topology(n)
-        self._check_batch(federation)
-        problems = graph_module.check_condition_1(
-            topo, self.beta, self._gamma(), self.condition, stacklevel=4
-        )
+        beta, gamma = settings.beta, settings.gamma
 
         flat_model = model.flatten(init)
         dim = flat_model.dim
@@ -200,8 +319,8 @@ class _Decentralised(Algorithm):
         local_gradient = kernels.local_gradient_fn(flat_model, padded, self.batch_size)
         full_gradient = kernels.full_gradient_fn(flat_model, padded)
         mix = topo.mixer()
-        schedule = decaying_schedule(self.step_size, self.decay_every, self.decay_factor)
-        step = self._kernel(local_gradient, mix, schedule, n)
+        schedule = decaying_schedule(settings.step_size, self.decay_every, self.decay_factor)
+        step = self._kernel(local_gradient, mix, schedule, n, beta, gamma)
 
         theta0 = flat_model.ravel(init)
         positions = jnp.broadcast_to(theta0, (n, dim))
@@ -226,21 +345,43 @@ class _Decentralised(Algorithm):
         track = self.gradient_error
         keep_agents = self.keep_agent_samples
         tracking = self.tracking
+        # the spread check: after burn-in, a consensus error past spread_limit x the posterior's
+        # total variance (Laplace) stops the run (module docstring)
+        spread_limit = None
+        if self.spread_limit is not None and settings.laplace_cov is not None:
+            spread_limit = float(self.spread_limit * np.trace(settings.laplace_cov))
+        check_after = int(burn_in) * int(thin)
 
         def draw_step(key, state):
             keys = jax.random.split(key, thin)
             state, _ = jax.lax.scan(lambda s, k: (step(k, s), None), state, keys)
             w = state.position
-            stats = {"consensus_error": kernels.consensus_error(w)}
+            w_bar = jnp.mean(w, axis=0)
+            consensus = kernels.consensus_error(w)
+            stats = {"consensus_error": consensus}
+            draw = w_bar
             if track:
+                at_average = full_gradient(jnp.broadcast_to(w_bar, w.shape))
                 directions = state.tracker if tracking else full_gradient(w)
-                stats["gradient_error"] = kernels.tracking_error(directions, w, full_gradient)
+                stats["gradient_error"] = kernels.tracking_error_from(directions, at_average)
+                # sum_i grad E_i(w_bar): zero on average under the posterior (the bias estimate)
+                draw = jnp.concatenate([draw, jnp.sum(at_average, axis=0)])
             # the kept draw carries every agent (and so does the divergence check);
             # without agent samples only the average (a diverging agent makes it non-finite)
-            draw = jnp.mean(w, axis=0)
             if keep_agents:
                 draw = jnp.concatenate([draw, w.reshape(-1)])
+            if spread_limit is not None:
+                spread = (state.iteration > check_after) & (consensus > spread_limit)
+                draw = jnp.where(spread, jnp.nan, draw)
             return state, draw, stats
+
+        def position(s):
+            parts = [jnp.mean(s.position, 0)]
+            if track:
+                parts.append(jnp.zeros((dim,), s.position.dtype))
+            if keep_agents:
+                parts.append(s.position.reshape(-1))
+            return jnp.concatenate(parts)
 
         run = run_chains(
             draw_step,
@@ -248,9 +389,7 @@ class _Decentralised(Algorithm):
             key,
             burn_in=burn_in,
             num_samples=num_samples,
-            position=lambda s: jnp.mean(s.position, 0) if not keep_agents else jnp.concatenate(
-                [jnp.mean(s.position, 0), s.position.reshape(-1)]
-            ),
+            position=position,
             divergence_threshold=self.divergence_threshold,
             progress=progress,
             label=self.name,
@@ -262,16 +401,21 @@ class _Decentralised(Algorithm):
         draws = np.asarray(run.draws)
         kept = draws.shape[1]
         average = draws[:, :, :dim]
-        agents = draws[:, :, dim:].reshape(chains, kept, n, dim) if keep_agents else None
+        offset = dim
+        global_gradient = None
+        if track:
+            global_gradient = draws[:, :, dim:2 * dim]
+            offset = 2 * dim
+        agents = draws[:, :, offset:].reshape(chains, kept, n, dim) if keep_agents else None
         samples = unravel_draws_numpy(flat_model, average)
         iterations = run.draws_done * thin
         floats_per_message = dim * (2 if self.tracking else 1)
         directed_edges = 2 * topo.num_edges
         info = {
             "algorithm": self.name,
-            "step_size": self.step_size if not callable(self.step_size)
-            else getattr(self.step_size, "__name__", "schedule"),
-            "beta": self.beta,
+            "step_size": settings.step_size if not callable(settings.step_size)
+            else getattr(settings.step_size, "__name__", "schedule"),
+            "beta": beta,
             "batch_size": self.batch_size if self.batch_size is not None else "full",
             "decay_every": self.decay_every if self.decay_every is not None else 0,
             "decay_factor": self.decay_factor,
@@ -290,9 +434,11 @@ class _Decentralised(Algorithm):
             "messages": int(iterations * directed_edges),
             "messages_between_agents": int(iterations * directed_edges),
             "floats_communicated": int(iterations * directed_edges * floats_per_message * chains),
+            "spread_limit": spread_limit if spread_limit is not None else "off",
         }
+        info.update(settings.info)
+        info.update(_prediction_info(settings, self.tolerance))
         info.update(topo.describe())
-        gamma = self._gamma()
         if run.seconds_per_draw is not None:  # steady state, compilation excluded
             info["seconds_per_iteration"] = run.seconds_per_draw / thin
         if gamma is not None:
@@ -304,20 +450,45 @@ class _Decentralised(Algorithm):
             if self.keep_agent_samples:
                 info["agent_samples_first_draw"] = int(max(start_draw, burn_in))
         stats = {k: np.asarray(v) for k, v in run.stats.items()}
+        if global_gradient is not None and not run.diverged.any():
+            estimate = bias_estimate(average, global_gradient, settings.laplace_cov)
+            if estimate is not None:
+                info["bias_estimate"] = estimate
+                _warn_if_biased(self.name, estimate, self.tolerance, self.step_size == AUTO)
         result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
         if run.diverged.any():
-            details = [
-                {"chain": int(c), "iteration": int((run.first_bad_draw[c] + 1) * thin)}
-                for c in np.nonzero(run.diverged)[0]
-            ]
+            details = []
+            for c in np.nonzero(run.diverged)[0]:
+                detail = {"chain": int(c), "iteration": int((run.first_bad_draw[c] + 1) * thin)}
+                at_bad = run.bad_stats.get("consensus_error")
+                if spread_limit is not None and at_bad is not None and (
+                        float(at_bad[c]) > spread_limit):
+                    detail["consensus_error"] = float(at_bad[c])
+                details.append(detail)
             info["diverged_chains"] = [d["chain"] for d in details]
             text = "; ".join(f"chain {d['chain']} by iteration {d['iteration']}" for d in details)
+            spread = [d for d in details if "consensus_error" in d]
+            if spread:
+                cause = (
+                    f"the agents' consensus error reached {spread[0]['consensus_error']:.3g}, "
+                    f"more than spread_limit={self.spread_limit:g} times the posterior's total "
+                    f"variance ({spread_limit / self.spread_limit:.3g}, Laplace): the agents "
+                    "no longer agree, so their average is not a posterior draw. Use 'auto' "
+                    "settings or a smaller step_size / beta"
+                    + (" / gamma" if self.tracking else "")
+                    + (f" (Condition 1: {'; '.join(problems)})" if problems else "")
+                    + "; spread_limit=None switches this check off"
+                )
+            else:
+                cause = (
+                    f"an agent's state became non-finite or exceeded "
+                    f"{self.divergence_threshold:g}; lower step_size or beta"
+                    + (" / gamma" if self.tracking else "")
+                    + (f" (Condition 1: {'; '.join(problems)})" if problems else "")
+                )
             raise SamplingDivergedError(
-                f"{self.name}: {len(details)} chain(s) diverged (an agent's state became "
-                f"non-finite or exceeded {self.divergence_threshold:g}): {text}. The draws made "
-                "before are in error.result; lower step_size or beta"
-                + (" / gamma" if self.tracking else "")
-                + (f" (Condition 1: {'; '.join(problems)})" if problems else ""),
+                f"{self.name}: {len(details)} chain(s) stopped: {text}: {cause}. The draws "
+                "made before are in error.result",
                 result,
                 info["diverged_chains"],
                 details,
@@ -325,27 +496,99 @@ class _Decentralised(Algorithm):
         return result
 
 
+def _prediction_info(settings: Settings, tolerance: float) -> dict:
+    prediction = settings.prediction
+    if prediction is None:
+        return {}
+    return {
+        "tolerance": tolerance,
+        "predicted_bias_in_sd": prediction.bias_in_sd.tolist(),
+        "predicted_sd_ratio": prediction.sd_ratio.tolist(),
+        "predicted_consensus_error": prediction.consensus_error,
+        "iterations_per_effective_draw": prediction.iterations_per_effective_draw,
+    }
+
+
+def bias_estimate(average: np.ndarray, global_gradient: np.ndarray,
+                  laplace_cov: Optional[np.ndarray]) -> Optional[dict]:
+    """The network average's bias estimated from the run alone (``info["bias_estimate"]``).
+
+    Under the posterior the total energy's gradient has mean zero (E_pi[grad U] = 0, an
+    integration by parts); at the network average it has mean about A (E[w_bar] - posterior
+    mean) (second order in the spread, see :mod:`fedmcmc.decentralised.tuning`). So
+    ``Sigma mean_k grad U(w_bar_k)`` estimates the bias, with ``Sigma`` the Laplace
+    covariance (the draws' covariance when there is none), reported in posterior sds with
+    its Monte Carlo standard error (ArviZ's ``mcse`` of the mean, from the effective sample
+    size). Needs ``gradient_error=True``
+    (the engine evaluates every agent's full gradient at w_bar per kept draw).
+    """
+    import arviz  # heavy to import; only this summary needs it
+
+    chains, kept, dim = average.shape
+    if kept < 20:
+        return None
+    covariance = laplace_cov
+    if covariance is None:
+        covariance = np.atleast_2d(np.cov(average.reshape(-1, dim), rowvar=False))
+    sd = np.sqrt(np.diag(covariance))
+    values = np.einsum("ij,ckj->cki", covariance, global_gradient.astype(np.float64)) / sd
+    estimate = values.mean(axis=(0, 1))
+    standard_error = np.asarray(
+        [float(arviz.mcse(values[:, :, j], method="mean")) for j in range(dim)])
+    ess = np.asarray([float(arviz.ess(values[:, :, j], method="bulk")) for j in range(dim)])
+    return {"in_sd": estimate.tolist(), "standard_error": standard_error.tolist(),
+            "ess": ess.tolist()}
+
+
+#: the bias warning needs this effective sample size (below it the standard error is unreliable)
+MIN_ESS_FOR_WARNING = 100
+
+
+def _warn_if_biased(name: str, estimate: dict, tolerance: float, auto: bool) -> None:
+    z = np.asarray(estimate["in_sd"])
+    se = np.asarray(estimate["standard_error"])
+    ess = np.asarray(estimate["ess"])
+    flagged = np.nonzero((np.abs(z) > 3 * se) & (np.abs(z) > max(tolerance, 0.1))
+                         & (ess >= MIN_ESS_FOR_WARNING))[0]
+    if flagged.size:
+        worst = int(flagged[np.argmax(np.abs(z[flagged]))])
+        warnings.warn(
+            f"{name}: the network average looks biased: coordinate {worst} by about "
+            f"{z[worst]:+.2f} posterior sd (standard error {se[worst]:.2f}; "
+            "info['bias_estimate'], from the mean of the total gradient at the average, zero "
+            "under the posterior). The agents' spread around their average biases it: "
+            + ("lower tolerance" if auto else "use step_size='auto' or a smaller step_size")
+            + ", or use a better connected graph",
+            NetworkBiasWarning, stacklevel=4)
+
+
 _COMMON_DOC = """
     step_size:
-        The paper's alpha > 0 (drift alpha * n * ..., noise sqrt(2 alpha n) v_i),
-        or a schedule ``k -> alpha_k`` such as
-        ``fm.schedules.piecewise_constant([1000, 2000], [1e-4, 1e-5, 1e-6])``.
+        ``"auto"`` (default): the largest alpha whose predicted bias of the network
+        average is at most ``tolerance`` posterior sd in every coordinate, from the
+        agents' curvature reports and the graph (:mod:`fedmcmc.decentralised.tuning`;
+        models of at most 200 parameters). Or the paper's alpha > 0 (drift
+        alpha * n * ..., noise sqrt(2 alpha n) v_i), or a schedule ``k -> alpha_k`` such
+        as ``fm.schedules.piecewise_constant([1000, 2000], [1e-4, 1e-5, 1e-6])``.
     beta:
-        Consensus step size of the samples, W_beta = I - beta L.
+        Consensus step size of the samples, W_beta = I - beta L; ``"auto"`` (default):
+        1 / lambda_n, the largest for which no disagreement mode oscillates.
     graph:
         ``"ring"`` (default), ``"path"``, ``"star"``, ``"complete"``, ``"grid"``,
         ``"torus"``, ``"erdos_renyi"``, ``"exponential"``, or any connected
         ``networkx`` graph with one node per client (agent i = i-th node).
     batch_size:
-        ``None`` (default): full-batch local gradients. Otherwise m rows per
-        agent and iteration, drawn with replacement; the likelihood gradient is
-        scaled by 1/f_i = M_i/m. At most the smallest client's size.
+        ``None`` (default): full-batch local gradients. Otherwise an upper bound:
+        an agent with more than m rows draws m with replacement per iteration and
+        scales its likelihood gradient by 1/f_i = M_i/m; an agent with at most m rows
+        uses all of them (its exact gradient).
     graph_options:
         Options of named graphs: ``shape`` (grid, torus), ``p``, ``seed``
         (erdos_renyi).
     condition:
         What to do when (beta, gamma) break Condition 1 or make a mixing step
-        unstable: ``"warn"`` (default), ``"raise"`` (``ValueError``) or ``"ignore"``.
+        unstable: ``"raise"`` (default: ``ValueError`` naming beta or gamma and the
+        bound), ``"warn"`` (a ``ConditionWarning``) or ``"ignore"``.
     decay_every, decay_factor:
         Multiply the step size by ``decay_factor`` (default 0.1, the paper's
         reductions) every ``decay_every`` iterations; ``None`` keeps it constant.
@@ -357,6 +600,25 @@ _COMMON_DOC = """
     noise:
         Inject the Langevin noise (False gives the deterministic consensus
         gradient method, for debugging).
+    tolerance:
+        The bias ``step_size="auto"`` allows, in posterior sds (default 0.1), and the
+        threshold of the :class:`NetworkBiasWarning` raised when ``info["bias_estimate"]``
+        (measured from the draws) exceeds it by more than three standard errors.
+    spread_limit:
+        After burn-in, a kept draw whose consensus error (1/n) sum_i ||w_i - w_bar||^2
+        exceeds ``spread_limit`` times the posterior's total variance (trace of the
+        Laplace covariance) stops the run with :class:`fedmcmc.SamplingDivergedError`,
+        keeping the draws made before (default 10: the agents no longer agree, so their
+        average is no posterior draw). ``None`` switches the check off. Needs the set-up
+        (models of at most 200 parameters, a positive-definite Laplace approximation);
+        ``info["spread_limit"]`` says whether it was on.
+
+    The set-up (every run of a model with at most 200 parameters, and ``"auto"``):
+    damped Newton rounds on the agents' gradient and Hessian reports find the global
+    mode; the linearised recursion's stationary law then predicts the network
+    average's bias (``info["predicted_bias_in_sd"]``, ``info["predicted_sd_ratio"]``,
+    ``info["iterations_per_effective_draw"]``). With ``gradient_error=True`` the run
+    also measures the bias from its own draws, ``info["bias_estimate"]``.
 """
 
 
@@ -377,24 +639,27 @@ class DULA(_Decentralised):
 
     def __init__(
         self,
-        step_size,
-        beta: float,
+        step_size: Any = AUTO,
+        beta: Any = AUTO,
         graph: Any = "ring",
         *,
         batch_size: Optional[int] = None,
         graph_options: Optional[Mapping[str, Any]] = None,
-        condition: str = "warn",
+        condition: str = "raise",
         decay_every: Optional[int] = None,
         decay_factor: float = 0.1,
         noise: bool = True,
         gradient_error: bool = True,
         keep_agent_samples: bool = True,
+        tolerance: float = 0.1,
+        spread_limit: Optional[float] = 10.0,
     ):
         self._common(step_size, beta, graph, batch_size, graph_options, condition,
-                     decay_every, decay_factor, noise, gradient_error, keep_agent_samples)
+                     decay_every, decay_factor, noise, gradient_error, keep_agent_samples,
+                     tolerance, spread_limit)
 
-    def _kernel(self, local_gradient, mix, schedule, n):
-        return kernels.dula_kernel(local_gradient, mix, self.beta, schedule, n, self.noise)
+    def _kernel(self, local_gradient, mix, schedule, n, beta, gamma):
+        return kernels.dula_kernel(local_gradient, mix, beta, schedule, n, self.noise)
 
     def _init_state(self, key, positions, local_gradient):
         return kernels.dula_init(positions)
@@ -420,31 +685,32 @@ class GTDULA(_Decentralised):
 
     def __init__(
         self,
-        step_size,
-        beta: float,
-        gamma: float,
+        step_size: Any = AUTO,
+        beta: Any = AUTO,
+        gamma: Any = AUTO,
         graph: Any = "ring",
         *,
         batch_size: Optional[int] = None,
         graph_options: Optional[Mapping[str, Any]] = None,
-        condition: str = "warn",
+        condition: str = "raise",
         decay_every: Optional[int] = None,
         decay_factor: float = 0.1,
         noise: bool = True,
         gradient_error: bool = True,
         keep_agent_samples: bool = True,
+        tolerance: float = 0.1,
+        spread_limit: Optional[float] = 10.0,
     ):
         self._common(step_size, beta, graph, batch_size, graph_options, condition,
-                     decay_every, decay_factor, noise, gradient_error, keep_agent_samples)
-        self.gamma = check_positive_float(gamma, "gamma")
+                     decay_every, decay_factor, noise, gradient_error, keep_agent_samples,
+                     tolerance, spread_limit)
+        self.gamma = _check_coefficient(gamma, "gamma")
 
     def _gamma(self):
-        return self.gamma
+        return None if self.gamma == AUTO else self.gamma
 
-    def _kernel(self, local_gradient, mix, schedule, n):
-        return kernels.gtdula_kernel(
-            local_gradient, mix, self.beta, self.gamma, schedule, n, self.noise
-        )
+    def _kernel(self, local_gradient, mix, schedule, n, beta, gamma):
+        return kernels.gtdula_kernel(local_gradient, mix, beta, gamma, schedule, n, self.noise)
 
     def _init_state(self, key, positions, local_gradient):
         return kernels.gtdula_init(key, positions, local_gradient)

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..federation import PaddedData
+from ..minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
 from ..rng import normal, split_key, uniform  # bit for bit jax.random's (fedmcmc.rng)
 
@@ -56,6 +57,7 @@ __all__ = [
     "gtdula_kernel",
     "consensus_error",
     "tracking_error",
+    "tracking_error_from",
 ]
 
 # (key, positions (n, d), iteration) -> local gradient estimates (n, d)
@@ -102,23 +104,22 @@ def local_gradient_fn(
     """The local gradient estimates g_hat_i of all agents, ``(key, positions) -> (n, d)``.
 
     ``batch_size=None``: full-batch, g_hat_i = grad E_i(w_i) exactly (``key`` unused).
-    Otherwise each agent draws m rows uniformly with replacement from its M_i
-    rows and uses ``-(M_i / m) grad log p(X_hat_i | w_i) - (1/n) grad log p(w_i)``,
-    the 1/f_i-scaled estimator of section 3 (unbiased for grad E_i).
-    An agent whose data has exactly m rows uses all of them.
+    Otherwise ``batch_size`` is an upper bound (:mod:`fedmcmc.minibatch`, the library's
+    one rule): an agent with M_i > m rows draws m rows uniformly with replacement and uses
+    ``-(M_i / m) grad log p(X_hat_i | w_i) - (1/n) grad log p(w_i)``, the 1/f_i-scaled
+    estimator of section 3 (unbiased for grad E_i); an agent with M_i <= m rows uses all of
+    them, its exact gradient.
     """
     if batch_size is None:
         full = full_gradient_fn(flat_model, padded)
         return lambda key, positions: full(positions)
     n = padded.mask.shape[0]
     m = int(batch_size)
+    may_be_smaller = some_client_smaller(np.asarray(padded.sizes), m)
 
     def one(u, theta, data, size):
-        sampled = jnp.minimum((u * size).astype(jnp.int32), size - 1)
-        rows = jnp.where(m >= size, jnp.arange(m, dtype=jnp.int32), sampled)
-        batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], data)
-        scale = size.astype(theta.dtype) / m
-        return -scale * flat_model.grad_log_likelihood_sum(theta, batch) - (
+        batch = take_minibatch(u, data, 0, size, may_be_smaller)
+        return -likelihood_gradient(flat_model, theta, batch) - (
             flat_model.grad_log_prior(theta) / n
         )
 
@@ -221,5 +222,10 @@ def tracking_error(trackers: jax.Array, positions: jax.Array, full_gradient: Cal
     it is evaluated with every agent at w_bar.
     """
     w_bar = jnp.mean(positions, axis=0)
-    u_bar = jnp.mean(full_gradient(jnp.broadcast_to(w_bar, positions.shape)), axis=0)
+    return tracking_error_from(trackers, full_gradient(jnp.broadcast_to(w_bar, positions.shape)))
+
+
+def tracking_error_from(trackers: jax.Array, gradients_at_average: jax.Array) -> jax.Array:
+    """||d - 1 (x) u_bar|| given every agent's exact gradient at w_bar, ``(n, d)``."""
+    u_bar = jnp.mean(gradients_at_average, axis=0)
     return jnp.sqrt(jnp.sum((trackers - u_bar[None, :]) ** 2))

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..minibatch import likelihood_gradient, take_minibatch
 from ..progress import progress_bar
 from .comm import ClientEndpoint, ClientFailureError, describe_federation
 from .local import iteration_key
@@ -78,16 +79,15 @@ class AgentClient(ClientEndpoint):
             return -flat.grad_log_likelihood_sum(theta, self.data) - flat.grad_log_prior(theta) / n
 
         def gradient(key, theta):
-            """Row i of ``kernels.local_gradient_fn``: -(M_i/m) grad log p(X_hat_i|w) - grad log p(w)/n."""
+            """Row i of ``kernels.local_gradient_fn``: -(M_i/min(m, M_i)) grad log p(X_hat_i|w) - grad log p(w)/n."""
             if batch_size is None:
                 return full_gradient(theta)
             agent_key = jax.random.split(key, n)[i]
             u = jax.random.uniform(agent_key, (batch_size,))
-            sampled = jnp.minimum((u * self.size).astype(jnp.int32), self.size - 1)
-            rows = jnp.where(batch_size >= self.size, jnp.arange(batch_size, dtype=jnp.int32), sampled)
-            batch = jax.tree_util.tree_map(lambda leaf: leaf[rows], self.data)
-            scale = jnp.asarray(self.size, theta.dtype) / batch_size
-            return -scale * flat.grad_log_likelihood_sum(theta, batch) - flat.grad_log_prior(theta) / n
+            # the library's one minibatch rule (batch_size an upper bound: fedmcmc.minibatch)
+            batch = take_minibatch(u, self.data, 0, jnp.int32(self.size),
+                                   may_be_smaller=self.size < batch_size)
+            return -likelihood_gradient(flat, theta, batch) - flat.grad_log_prior(theta) / n
 
         tracking, noise = spec["tracking"], spec["noise"]
         beta, gamma = spec["beta"], spec.get("gamma")
