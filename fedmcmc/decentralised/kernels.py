@@ -79,13 +79,43 @@ class GTDULAState(NamedTuple):
 
 
 # ------------------------------------------------------------------ gradients
+#: the full-batch gradients use the ragged layout when padding would be more than this
+#: fraction of the padded rows (agents of very unequal size)
+RAGGED_ABOVE_PADDING = 0.25
+
+
 def full_gradient_fn(flat_model: FlatModel, padded: PaddedData) -> Callable:
     """``positions (n, d) -> (grad E_i(w_i))_i``: exact local gradients on each agent's full data.
 
-    grad E_i(w) = -grad log p(X_i | w) - (1/n) grad log p(w) (section 2), on the
-    padded layout (padded rows have weight 0).
+    grad E_i(w) = -grad log p(X_i | w) - (1/n) grad log p(w) (section 2). Agents of equal
+    size use the padded layout (padded rows have weight 0). When padding would exceed
+    ``RAGGED_ABOVE_PADDING`` of the rows (60 districts of 2 to 118 rows: 73%), the real rows
+    are stacked once with the index of their agent and the likelihood is differentiated with
+    respect to the (n, d) positions through the row -> agent gather (the transpose is a
+    sorted segment sum): the same gradients to float rounding, with the work of the real
+    rows only (about 1.9x faster per iteration on that federation).
     """
     n = padded.mask.shape[0]
+    mask = np.asarray(padded.mask) > 0
+    padding = 1.0 - mask.sum() / mask.size
+
+    def prior_terms(positions):
+        return jax.vmap(flat_model.grad_log_prior)(positions) / n
+
+    if padding > RAGGED_ABOVE_PADDING:
+        agent_of_row, row_in_agent = np.nonzero(mask)  # sorted by agent
+        rows = jax.tree_util.tree_map(
+            lambda leaf: jnp.asarray(np.asarray(leaf)[agent_of_row, row_in_agent]), padded.data)
+        agent_index = jnp.asarray(agent_of_row, jnp.int32)
+
+        def total_log_likelihood(positions):
+            per_row = jax.vmap(flat_model.log_likelihood)(positions[agent_index], rows)
+            return jnp.sum(per_row)
+
+        def ragged_gradients(positions):
+            return -jax.grad(total_log_likelihood)(positions) - prior_terms(positions)
+
+        return ragged_gradients
 
     def one(theta, data, mask):
         return -flat_model.grad_log_likelihood_sum(theta, data, mask) - (
