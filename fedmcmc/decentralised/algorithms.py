@@ -548,17 +548,18 @@ def _warn_if_biased(name: str, estimate: dict, tolerance: float, auto: bool) -> 
     z = np.asarray(estimate["in_sd"])
     se = np.asarray(estimate["standard_error"])
     ess = np.asarray(estimate["ess"])
-    flagged = np.nonzero((np.abs(z) > 3 * se) & (np.abs(z) > max(tolerance, 0.1))
-                         & (ess >= MIN_ESS_FOR_WARNING))[0]
+    # the bias is above the tolerance with confidence: its lower 3-standard-error bound is
+    flagged = np.nonzero((np.abs(z) - 3 * se > tolerance) & (ess >= MIN_ESS_FOR_WARNING))[0]
     if flagged.size:
         worst = int(flagged[np.argmax(np.abs(z[flagged]))])
         warnings.warn(
             f"{name}: the network average looks biased: coordinate {worst} by about "
             f"{z[worst]:+.2f} posterior sd (standard error {se[worst]:.2f}; "
             "info['bias_estimate'], from the mean of the total gradient at the average, zero "
-            "under the posterior). The agents' spread around their average biases it: "
-            + ("lower tolerance" if auto else "use step_size='auto' or a smaller step_size")
-            + ", or use a better connected graph",
+            "under the posterior). Either the draws include the chains' approach to "
+            "stationarity (raise burn_in) or the agents' spread around their average biases "
+            "it: " + ("lower tolerance" if auto else "use step_size='auto' or a smaller "
+                      "step_size") + ", or use a better connected graph",
             NetworkBiasWarning, stacklevel=4)
 
 
@@ -603,7 +604,7 @@ _COMMON_DOC = """
     tolerance:
         The bias ``step_size="auto"`` allows, in posterior sds (default 0.1), and the
         threshold of the :class:`NetworkBiasWarning` raised when ``info["bias_estimate"]``
-        (measured from the draws) exceeds it by more than three standard errors.
+        (measured from the draws) minus three of its standard errors still exceeds it.
     spread_limit:
         After burn-in, a kept draw whose consensus error (1/n) sum_i ||w_i - w_bar||^2
         exceeds ``spread_limit`` times the posterior's total variance (trace of the

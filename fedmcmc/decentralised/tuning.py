@@ -13,16 +13,21 @@ per iteration). Expanding to second order about the global mode ``m``, with ``A_
 local Hessians, ``A = sum_i A_i`` and ``T_i`` the third derivatives of the local energies,
 the stationary mean of ``w_bar`` sits at ::
 
-    E[w_bar] - E_pi[theta] ~ (mu_lin - m) - A^{-1} (1/2) sum_i T_i[Cov(w_i) + (E w_i - m)(E w_i - m)^T - Sigma]
+    E[w_bar] - E_pi[theta]
+        ~ (mu_lin - m) - A^{-1} (1/2) sum_i T_i[Cov(w_i) + (E w_i - m)(E w_i - m)^T - Sigma]
 
 where ``mu_lin`` is the stationary mean of the linearised recursion (``m`` for GT-DULA;
 DULA's heterogeneity offset otherwise) and ``Sigma = A^{-1}``. The first term is DULA's
 first-order bias; the second is the one GT-DULA keeps: zero when the local energies are
-quadratic (no ``T_i``), of order ``alpha n / (beta lambda_2)`` times the curvature's rate
-of change, and so proportional to the step size at fixed ``beta``. On the Bangladesh
-contraception survey split by its 60 districts (ring, beta = gamma = 0.3, alpha = 2e-5)
-the prediction for the (age/10)^2 coefficient is -0.19 posterior sd against -0.24 measured
-(4 chains x 400,000 iterations), and -0.07 at alpha = 5e-6.
+quadratic (no ``T_i``), growing with the spread, i.e. with ``alpha n`` and with
+``1 / (beta lambda_2)``. It is a network effect rather than a heterogeneity effect: the same
+rows dealt into 60 random groups of the districts' sizes are predicted the same bias, 20
+agents of three districts each a fifth of it (``benchmarks/bench_gtdula_bias.py``).
+On the Bangladesh contraception survey split by its 60 districts (ring, beta = gamma = 0.3)
+the prediction for the (age/10)^2 coefficient is -0.19 posterior sd at alpha = 2e-5 against
+-0.24 measured (4 chains x 400,000 iterations), and -0.07 at alpha = 5e-6 against -0.015
+(4 x 1.6M); the paper's bias O_GT of Theorem 2 likewise grows with alpha and shrinks with
+beta, with constants (Lipschitz and log-Sobolev) too loose to evaluate here.
 
 ``Cov(w_i)`` and ``E w_i`` come from the exact stationary law of the recursion linearised
 at ``m`` (:func:`fedmcmc.decentralised.diagnostics.stationary_distribution`, a discrete
@@ -35,8 +40,8 @@ The choice
 * ``beta = 1 / lambda_n``: the largest consensus step for which ``W_beta = I - beta L`` has
   no negative eigenvalue (no disagreement mode oscillates), within Condition 1's
   ``beta <= min(1, n / lambda_n)``; on the complete graph ``W_beta`` averages exactly.
-* ``gamma = min(beta, 1 / lambda_2)``: Condition 1's largest tracking step (Theorem 4: a
-  larger gamma lowers the gradient error's bias).
+* ``gamma = min(beta, 1 / lambda_2, 1 / lambda_n)``: Condition 1's largest tracking step
+  (Theorem 4: a larger gamma lowers the gradient error's bias).
 * ``step_size``: the largest alpha for which the predicted bias of every coordinate is at
   most ``tolerance`` posterior sd and the linearised stationary sds are within
   ``sd_tolerance`` (default 5%) of the Laplace sds, found by a few Lyapunov solves.
