@@ -501,3 +501,29 @@ def test_fed_pdmp_killed_worker_stop_and_drop(local_ray):
                        on_client_failure="drop", **kw)
     assert result.info["dropped_clients"] == [1] and result.info["target_changed"]
     assert result.flat_samples().shape[1] == 60 and np.isfinite(result.flat_samples()).all()
+
+
+@pytest.mark.slow
+def test_decentralised_auto_settings_and_spread_check_on_ray(local_ray):
+    """'auto' is resolved by the driver the same way on both engines (the draws agree), the
+    settings and the bias estimate reach info, and the spread check stops a Ray run whose
+    agents drift apart (Condition 1 broken under condition='warn'), keeping its draws."""
+    federation = gaussian_federation()
+    algorithm = fm.GTDULA(graph="ring")
+    local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **DECENTRALISED_KW)
+    on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
+                       visit_timeout=TIMEOUT, **DECENTRALISED_KW)
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
+    for key in ("step_size", "beta", "gamma", "auto", "predicted_bias_in_sd", "spread_limit"):
+        assert on_ray.info[key] == local.info[key], key
+    assert set(on_ray.info["bias_estimate"]) == {"in_sd", "standard_error", "ess"}
+    np.testing.assert_allclose(on_ray.info["bias_estimate"]["in_sd"],
+                               local.info["bias_estimate"]["in_sd"], atol=1e-3)
+    # a step far above 'auto''s: the agents spread far beyond the posterior's scale
+    broken = fm.GTDULA(step_size=30 * local.info["step_size"])
+    with pytest.raises(fm.SamplingDivergedError, match="consensus error") as caught:
+        fm.sample(GAUSSIAN_MODEL, federation, broken, **DECENTRALISED_KW)
+    with pytest.raises(fm.SamplingDivergedError, match="consensus error") as caught:
+        fm.sample(GAUSSIAN_MODEL, federation, broken, engine="ray", visit_timeout=TIMEOUT,
+                  **DECENTRALISED_KW)
+    assert caught.value.result is not None and caught.value.chains

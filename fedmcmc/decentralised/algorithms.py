@@ -287,6 +287,9 @@ class _Decentralised(Algorithm):
         resolved.step_size, resolved.beta = settings.step_size, settings.beta
         if self.tracking:
             resolved.gamma = settings.gamma
+        # what the Ray engine's driver needs for the spread check and the bias estimate
+        resolved.laplace_cov = settings.laplace_cov
+        resolved.spread_limit_value = _spread_limit(self.spread_limit, settings)
         return resolved
 
     # --------------------------------------------------------------- sample
@@ -303,11 +306,22 @@ class _Decentralised(Algorithm):
         if engine == "ray":
             from ..engines.neighbour import sample_decentralised
 
-            return sample_decentralised(
-                self._resolved(settings), model, federation, init=init,
+            resolved = self._resolved(settings)
+            result = sample_decentralised(
+                resolved, model, federation, init=init,
                 num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                 progress=progress, **options,
             )
+            result.info.update(settings.info)
+            result.info.update(_prediction_info(settings, self.tolerance))
+            result.info["step_size"] = _describe_step(settings.step_size)
+            result.info["condition_1"] = problems
+            result.info["spread_limit"] = (resolved.spread_limit_value
+                                           if resolved.spread_limit_value is not None else "off")
+            if "bias_estimate" in result.info:
+                _warn_if_biased(self.name, result.info["bias_estimate"], self.tolerance,
+                                self.step_size == AUTO)
+            return result
         run_options = split_run_options(options, self.name)
         if engine != "local":
             raise ValueError(f"engine={engine!r} is not available for {self.name}; use 'local'")
@@ -347,9 +361,7 @@ class _Decentralised(Algorithm):
         tracking = self.tracking
         # the spread check: after burn-in, a consensus error past spread_limit x the posterior's
         # total variance (Laplace) stops the run (module docstring)
-        spread_limit = None
-        if self.spread_limit is not None and settings.laplace_cov is not None:
-            spread_limit = float(self.spread_limit * np.trace(settings.laplace_cov))
+        spread_limit = _spread_limit(self.spread_limit, settings)
         check_after = int(burn_in) * int(thin)
 
         def draw_step(key, state):
@@ -413,8 +425,7 @@ class _Decentralised(Algorithm):
         directed_edges = 2 * topo.num_edges
         info = {
             "algorithm": self.name,
-            "step_size": settings.step_size if not callable(settings.step_size)
-            else getattr(settings.step_size, "__name__", "schedule"),
+            "step_size": _describe_step(settings.step_size),
             "beta": beta,
             "batch_size": self.batch_size if self.batch_size is not None else "full",
             "decay_every": self.decay_every if self.decay_every is not None else 0,
@@ -494,6 +505,17 @@ class _Decentralised(Algorithm):
                 details,
             )
         return result
+
+
+def _describe_step(step_size):
+    return step_size if not callable(step_size) else getattr(step_size, "__name__", "schedule")
+
+
+def _spread_limit(multiple: Optional[float], settings: Settings) -> Optional[float]:
+    """The consensus error that stops a run: ``spread_limit`` x the Laplace total variance."""
+    if multiple is None or settings.laplace_cov is None:
+        return None
+    return float(multiple * np.trace(settings.laplace_cov))
 
 
 def _prediction_info(settings: Settings, tolerance: float) -> dict:

@@ -227,6 +227,11 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
         agents = np.full((chains, total, n, dim), np.nan, np.float32)
         consensus = np.full((chains, total), np.nan, np.float32)
         gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
+        global_gradient = np.full((chains, total, dim), np.nan) if track else None
+        # the spread check of fm.DULA/GTDULA (a consensus error past spread_limit x the Laplace
+        # total variance after burn-in stops the run); None when off
+        spread_limit = getattr(algorithm, "spread_limit_value", None)
+        spread_stop = None  # (draw, consensus errors of the chains) when the check trips
         done = 0
         started = time.perf_counter()
 
@@ -249,6 +254,8 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
             u_bar = np.mean([r[1] for r in replies], axis=0, dtype=np.float64)  # (chains, dim)
             gradient_error[:, index] = np.sqrt(
                 np.sum((directions - u_bar[:, None, :]) ** 2, axis=(1, 2)))
+            # sum_i grad E_i(w_bar): the network average's bias estimate (info["bias_estimate"])
+            global_gradient[:, index] = n * u_bar
 
         pending = None  # (draw index, refs) of the gradient terms not read yet
         try:
@@ -275,6 +282,13 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
                 agents[:, done] = w
                 draws[:, done] = w_bar
                 consensus[:, done] = np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n
+                finite = np.all(np.isfinite(w), axis=(1, 2))
+                if not finite.all() or (spread_limit is not None and done >= burn_in
+                                        and np.any(consensus[:, done] > spread_limit)):
+                    spread_stop = (done, consensus[:, done].copy())
+                    draws[:, done] = np.nan
+                    done += 1
+                    break
                 if track and done >= burn_in:
                     # queued after this draw's iteration and before the next one's: read with
                     # the next gather
@@ -304,6 +318,37 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
                      burn_in, thin, chains, topo, neighbours, floats_per_message, started,
                      transport)
     result.info.update(authentication)
+    if spread_stop is not None:
+        from ..results import SamplingDivergedError
+
+        draw, errors = spread_stop
+        bad = ~np.isfinite(errors)
+        if spread_limit is not None:
+            bad |= errors > spread_limit
+        stopped = [int(c) for c in np.nonzero(bad)[0]]
+        details = [{"chain": c, "iteration": int((draw + 1) * thin),
+                    "consensus_error": float(errors[c])} for c in stopped]
+        result.info["diverged_chains"] = stopped
+        if np.all(np.isfinite(errors[stopped])):
+            cause = (f"the agents' consensus error reached {np.max(errors[stopped]):.3g}, more "
+                     f"than spread_limit={algorithm.spread_limit:g} times the posterior's total "
+                     "variance (Laplace): the agents no longer agree, so their average is not a "
+                     "posterior draw. Use 'auto' settings or a smaller step_size / beta; "
+                     "spread_limit=None switches this check off")
+        else:
+            cause = "an agent's state became non-finite; lower step_size or beta"
+        raise SamplingDivergedError(
+            f"{algorithm.name} (ray): {len(stopped)} chain(s) stopped by iteration "
+            f"{(draw + 1) * thin}: {cause}. The draws made before are in error.result",
+            result, stopped, details)
+    if global_gradient is not None and done > burn_in:
+        from ..decentralised.algorithms import bias_estimate
+
+        estimate = bias_estimate(draws[:, burn_in:done].astype(np.float64),
+                                 global_gradient[:, burn_in:done],
+                                 getattr(algorithm, "laplace_cov", None))
+        if estimate is not None:
+            result.info["bias_estimate"] = estimate
     return result
 
 
