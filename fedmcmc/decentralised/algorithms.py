@@ -628,7 +628,7 @@ _COMMON_DOC = """
         threshold of the :class:`NetworkBiasWarning` raised when ``info["bias_estimate"]``
         (measured from the draws) minus three of its standard errors still exceeds it.
     spread_limit:
-        After burn-in, a kept draw whose consensus error (1/n) sum_i ||w_i - w_bar||^2
+        After burn-in, a kept draw whose consensus error ``(1/n) sum_i ||w_i - w_bar||^2``
         exceeds ``spread_limit`` times the posterior's total variance (trace of the
         Laplace covariance) stops the run with :class:`fedmcmc.SamplingDivergedError`,
         keeping the draws made before (default 10: the agents no longer agree, so their
@@ -636,6 +636,8 @@ _COMMON_DOC = """
         (models of at most 200 parameters, a positive-definite Laplace approximation);
         ``info["spread_limit"]`` says whether it was on.
 
+    Notes
+    -----
     The set-up (every run of a model with at most 200 parameters, and ``"auto"``):
     damped Newton rounds on the agents' gradient and Hessian reports find the global
     mode; the linearised recursion's stationary law then predicts the network
