@@ -78,7 +78,7 @@ def tolerances(ess_min: float, reference_ess: float) -> Dict[str, float]:
 
 def verdict(figures: Dict[str, Any], reference_ess: float) -> str:
     """``ok`` or ``LOSES: <reason>`` (see the module docstring)."""
-    if figures["ess_min"] < MIN_ESS:
+    if not figures["ess_min"] >= MIN_ESS:  # NaN too: ArviZ cannot estimate it from few draws
         return f"LOSES: too few effective draws (ESS {figures['ess_min']:.0f} < {MIN_ESS:.0f})"
     band = tolerances(figures["ess_min"], reference_ess)
     reasons = []
