@@ -103,3 +103,17 @@ def test_quick_leaderboard_has_every_algorithm_on_three_problems(tmp_path):
     algorithms = {r["algorithm"] for r in rows}
     assert len(problems) >= 3 and len(algorithms) >= 11
     assert len(rows) == len(problems) * len(algorithms)
+
+
+def test_a_run_over_the_time_budget_loses_on_time(tmp_path):
+    """A run still going when the budget's seconds are spent stops at the end of its chunk
+    and the leaderboard says it lost on time (the rule that keeps --quick bounded when a
+    sampler is very slow on a problem, e.g. Fed Boomerang under client drift)."""
+    out = tmp_path / "bench"
+    bench.run(out, problems=["gaussian-drift"], algorithms=["SGLD"],
+              budget=bench.Budget(chains=2, num_samples=400, burn_in=40, seconds=0.0),
+              quiet=True)
+    with open(out / "leaderboard.csv", newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert row["verdict"].startswith("LOSES: over the time budget (0 s;")
+    assert "loses here" in (out / "README.md").read_text()

@@ -68,11 +68,16 @@ LOCAL_STEPS = 10
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """What every algorithm gets on a problem: chains, kept draws and burn-in draws."""
+    """What every algorithm gets on a problem: chains, kept draws and burn-in draws, and
+    ``seconds`` of wall time (``None``: no limit). A run still going after ``seconds`` stops
+    at the end of its current chunk of draws (the engines' chunks are cut to about 1/40 of
+    the run for this) and its verdict says it lost on time; algorithms whose ``fm.sample``
+    takes no run options (the baselines) are not stopped."""
 
     chains: int
     num_samples: int
     burn_in: int
+    seconds: Optional[float] = None
 
 
 @dataclasses.dataclass

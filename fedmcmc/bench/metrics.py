@@ -23,6 +23,8 @@ units, ``4 sqrt(2 / ess_min) / 2`` for an sd ratio) and the reference's:
 * ``ok``: within both;
 * ``LOSES: ...``: outside; the reason names the worst coordinate and its figure;
 * ``LOSES: too few effective draws``: ``ess_min < 20`` (the estimates are noise);
+* ``LOSES: over the time budget``: the run was still going after the budget's wall time
+  (the quick size gives 120 s per algorithm and problem, the default size 900 s);
 * ``FAILED: ...``: the run stopped (diverged, or raised an error); figures are empty;
 * ``not available``: the algorithm is not in this version of fedmcmc.
 """

@@ -50,8 +50,8 @@ COLUMNS = [
 
 #: budget per size: the same for every algorithm on every problem
 SIZES = {
-    "quick": algorithms_module.Budget(chains=2, num_samples=200, burn_in=50),
-    "default": algorithms_module.Budget(chains=4, num_samples=1000, burn_in=250),
+    "quick": algorithms_module.Budget(chains=2, num_samples=200, burn_in=50, seconds=120.0),
+    "default": algorithms_module.Budget(chains=4, num_samples=1000, burn_in=250, seconds=900.0),
 }
 
 #: reference settings (the same at both sizes, so the cached reference is shared)
@@ -88,6 +88,14 @@ def _number(value: Any) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
+class _OverBudget(Exception):
+    """Raised from a run's chunk callback once the budget's wall time is spent."""
+
+    def __init__(self, done: int, total: int):
+        super().__init__(f"{done} of {total} draws")
+        self.done, self.total = done, total
+
+
 def _run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
     import fedmcmc as fm
 
@@ -109,11 +117,26 @@ def _run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
     caught: List[str] = []
     started = time.perf_counter()
     result = None
+    sample_kwargs = dict(plan.sample_kwargs)
+    seconds = ctx.budget.seconds
+    if seconds is not None and getattr(plan.algorithm, "supports_resume", False):
+        total = int(sample_kwargs.get("num_samples", 0)) + int(sample_kwargs.get("burn_in", 0))
+        sample_kwargs.setdefault("chunk_size", max(1, total // 40))
+        deadline = started + seconds
+
+        def stop_when_over(states, draws_done, _total=total):
+            if time.perf_counter() > deadline:
+                raise _OverBudget(draws_done, _total)
+
+        sample_kwargs["on_chunk"] = stop_when_over
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
         try:
             result = fm.sample(instance.model, instance.federation, algorithm=plan.algorithm,
-                               init=instance.init, seed=seed, progress=False, **plan.sample_kwargs)
+                               init=instance.init, seed=seed, progress=False, **sample_kwargs)
+        except _OverBudget as over:
+            row["verdict"] = (f"LOSES: over the time budget ({seconds:.0f} s; {over.done} of "
+                              f"{over.total} draws made)")
         except fm.SamplingDivergedError as error:
             row["verdict"] = f"FAILED: diverged: {str(error).splitlines()[0][:300]}"
         except Exception as error:  # noqa: BLE001 - any failure is a leaderboard row, not a crash
