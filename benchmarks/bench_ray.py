@@ -146,7 +146,7 @@ def protocol_round_seconds(model, federation, algorithm, chains, rounds, engine)
         result = fm.sample(model, federation, algorithm, engine="ray", visit_timeout=600, **kw)
     else:
         result = sample_handoff(
-            algorithm, model, federation,
+            algorithm.handoff_protocol(), model, federation,
             lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
             engine_label="handoff", **kw,
         )

@@ -154,7 +154,7 @@ def test_client_messages_are_parameter_sized(fsgld_runs):
     audit = info["client_message_audit"]
     assert len(audit) == info["messages_from_clients"]
     methods = {m for _, m, _ in audit}
-    assert {"fit_surrogate", "configure", "visit"} <= methods
+    assert {"setup", "configure", "visit"} <= methods
     sizes = fsgld_runs["federation"].sizes
     assert max_draws < sizes.min()  # so a block of data rows could not pass as draws
     for client, method, arrays in audit:

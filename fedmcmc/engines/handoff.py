@@ -1,12 +1,13 @@
-"""The chain hand-off protocol of DSGLD/FSGLD over a :class:`~fedmcmc.engines.comm.Transport`.
+"""The hand-off engine: any :class:`~fedmcmc.protocols.HandoffProtocol` over a
+:class:`~fedmcmc.engines.comm.Transport` (in-process objects or Ray actors).
 
 Client side (:class:`HandoffClient`, one per client, a Ray actor on the Ray
-engine): holds only its own data, fits its own surrogate (FSGLD), and keeps a
-compiled *visit*: ``local_steps`` updates of the chain with its own minibatches,
-built from the very kernels of the in-process engine (``dsgld.build_kernel`` /
-``fsgld.build_kernel`` on a one-client data layout, so the algorithm is not
-written twice). A visit returns the chain's position and the draws taken during
-the visit -- parameter-sized messages only.
+engine): holds only its own data, runs the protocol's client-side set-up
+functions on it (``setup``: FSGLD's surrogate fit, for instance), and keeps a
+compiled *visit*: ``local_steps`` of the protocol's updates of the chain's carry
+(DSGLD/FSGLD build them from the very kernels of the in-process engine on a
+one-client data layout, so the algorithm is not written twice). A visit returns
+the carry and the draws taken during the visit -- parameter-sized messages only.
 
 Server side (:func:`run_handoff`): draws the next client of each chain with
 probability f_s, keeps several chains in flight at once (``transport.wait``),
@@ -14,17 +15,18 @@ collects the draw segments, checks divergence, and handles client failures
 (per-visit timeout, dead actor): ``on_client_failure="stop"`` raises
 :class:`~fedmcmc.engines.comm.ClientFailureError` carrying every draw received
 so far; ``"drop"`` continues without the client, with f_s renormalised over the
-remaining clients (and, for FSGLD, the global surrogate and trust region
-recomputed over them) -- the target is then the posterior given the remaining
-clients' data, which ``result.info`` records.
+remaining clients and the protocol's ``client_parameters`` recomputed over them
+(FSGLD: the global surrogate and trust region) -- the target is then the
+posterior given the remaining clients' data, which ``result.info`` records.
+This module never imports a family and never looks at an algorithm's name.
 
 Random streams: iteration ``t`` of chain ``c`` uses the key the in-process
-engine uses, ``split(split(fold_in(key(seed), t // thin), chains)[c], thin)[t % thin]``,
-split in three (client draw, minibatch, noise) exactly as ``dsgld.build_federated_kernel``
-does. The server draws the client with the first third, the client the
-minibatch and the noise with the others; so with the same seed the hand-off
-engine reproduces the in-process draws (up to float rounding of the data
-layout), which the tests check.
+engine uses, ``split(split(fold_in(key(seed), t // thin), chains)[c], thin)[t % thin]``.
+The server draws the client with ``split(key, 3)[0]`` of a visit's first
+iteration, as ``dsgld.build_federated_kernel`` does, and the protocol's update
+the minibatch and the noise from the other two; so with the same seed the
+hand-off engine reproduces the in-process DSGLD/FSGLD draws (up to float
+rounding of the data layout), which the tests check.
 """
 
 from __future__ import annotations
@@ -37,143 +39,92 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..federation import ConcatenatedData, Federation
-from ..federation import describe_client
+from ..federation import ConcatenatedData, Federation, describe_client
 from ..progress import progress_bar
-from ..schedules import as_schedule, describe_step_size
+from ..protocols import ClientContext, HandoffProtocol, ServerSide, draw_client
+from ..results import Result, SamplingDivergedError
+from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
+                   Transport, call_all, describe_federation)
 from .local import iteration_key
 from .options import check_engine_options
-from .comm import ClientEndpoint, ClientFailure, ClientFailureError, Transport, describe_federation
 
-__all__ = ["HandoffClient", "run_handoff", "HandoffRun", "sample_handoff", "sample_on_ray"]
+__all__ = ["HandoffClient", "run_handoff", "HandoffRun", "sample_handoff", "sample_protocol",
+           "sample_on_ray"]
 
 
 # ----------------------------------------------------------------------------- client side
 
 
 class HandoffClient(ClientEndpoint):
-    """One client of DSGLD/FSGLD: its data, its surrogate, its compiled visit.
+    """One client of a hand-off protocol: its data, its protocol, its compiled visit.
 
     ``source``: the client's data or its loader (called here, in the client's process).
-    ``spec`` (plain dict): ``algorithm`` ("DSGLD" | "FSGLD"), ``batch_size``,
-    ``local_steps``, ``step_size`` (number or schedule), ``noise``, ``seed``,
-    ``chains``, ``thin``, ``num_clients`` and, for FSGLD, ``alpha``,
-    ``alpha_warmup``.
+    ``protocol``: the :class:`~fedmcmc.protocols.HandoffProtocol` (pickled to the client).
+    ``spec`` (plain dict): ``seed``, ``chains``, ``thin``, ``num_clients`` and, in tests
+    only, ``fault_injection``.
     """
 
-    def __init__(self, index: int, source: Any, model, init: Any, spec: Dict[str, Any]):
+    def __init__(self, index: int, source: Any, model, init: Any, protocol: HandoffProtocol,
+                 spec: Dict[str, Any]):
         super().__init__(index, source)
         self.spec = dict(spec)
-        self.model = model
-        self.flat_model = model.flatten(init)
+        self.protocol = protocol
         self._raw_data = self.data
-        self.data = ConcatenatedData(
-            data=jax.tree_util.tree_map(jnp.asarray, self._raw_data),
-            offsets=jnp.zeros((1,), jnp.int32),
-            sizes=jnp.full((1,), self.size, jnp.int32),
+        self.context = ClientContext(
+            index=self.index,
+            flat_model=model.flatten(init),
+            model=model,
+            data=ConcatenatedData(
+                data=jax.tree_util.tree_map(jnp.asarray, self._raw_data),
+                offsets=jnp.zeros((1,), jnp.int32),
+                sizes=jnp.full((1,), self.size, jnp.int32),
+            ),
+            raw_data=self._raw_data,
+            size=self.size,
+            num_clients=int(spec["num_clients"]),
+            seed=int(spec["seed"]),
+            store={},
         )
-        self.schedule = as_schedule(spec["step_size"])
-        self.params: Dict[str, Any] = {}
-        self._own_surrogate = None
+        self.parameters: Dict[str, Any] = {}
         self._visit = None
+        self._visits_served = 0
 
     def describe(self):
         return describe_client(self._raw_data)
 
-    def fit_surrogate(self, kind: str, theta0, options: Dict[str, Any]):
-        """Fit q_s on this client's data only; returns its natural parameters (P_s, b_s).
+    def setup(self, name: str, *args):
+        """Run the protocol's client-side function ``client_<name>`` on this client's data."""
+        function = getattr(self.protocol, f"client_{name}", None) if name.isidentifier() else None
+        if function is None:
+            raise ValueError(f"{self.protocol.name} has no client-side function {name!r}")
+        return function(self.context, *args)
 
-        Same objective as the in-process fit (``fedmcmc.surrogates``): the
-        client's log likelihood plus 1/S of the log prior.
-        """
-        from .. import surrogates as surrogate_module
-        from ..model import Model
-
-        num_clients = self.spec["num_clients"]
-        prior = self.model.log_prior
-        share = Model(
-            log_prior=lambda params: prior(params) / num_clients,
-            log_likelihood=self.model.log_likelihood,
-        )
-        flat_share = share.flatten(self.flat_model.unravel(jnp.asarray(theta0)))
-        one_client = Federation([self._raw_data])
-        key = jax.random.split(
-            jax.random.fold_in(jax.random.key(self.spec["seed"]), 2**20), num_clients
-        )[self.index]
-        # key[None]: this client's own key, used as is (the in-process engine's key for it)
-        fitted = surrogate_module.fit_surrogates(
-            kind, flat_share, one_client, jnp.asarray(theta0), key[None], **options
-        )
-        precision, shift = np.asarray(fitted.precision[0]), np.asarray(fitted.shift[0])
-        self._own_surrogate = (precision, shift)
-        return precision, shift
-
-    def estimator_moments(self, weight: float, global_surrogate: tuple, center, probes: int):
-        """The d + 1 moments of this client's FSGLD estimator at ``center`` over ``probes`` of
-        its own minibatches (for ``trust_radius="auto"``; ``estimators.estimator_moments``),
-        with the in-process engine's key for this client."""
-        from ..langevin.estimators import estimator_moments
-        from ..surrogates import GaussianSurrogates, ProductSurrogate
-
-        if self._own_surrogate is None:
-            raise ValueError("estimator_moments before this client's surrogate is known")
-        precision, shift = self._own_surrogate
-        key = jax.random.fold_in(
-            jax.random.fold_in(jax.random.fold_in(jax.random.key(self.spec["seed"]), 2**20), 7),
-            self.index)
-        flat_model, data, spec = self.flat_model, self.data, self.spec
-
-        @jax.jit
-        def moments(weight, own, product, center, key):
-            return estimator_moments(flat_model, data, jnp.int32(0), weight, spec["batch_size"],
-                                     spec["alpha"], own, product, center, key, int(probes))
-
-        mean, second = moments(
-            jnp.asarray(weight, jnp.float32),
-            GaussianSurrogates(jnp.asarray(precision)[None], jnp.asarray(shift)[None]),
-            ProductSurrogate(jnp.asarray(global_surrogate[0]), jnp.asarray(global_surrogate[1])),
-            jnp.asarray(center), key)
-        return np.asarray(mean), float(second)
-
-    def configure(self, weight: float, surrogate: Optional[tuple] = None,
-                  global_surrogate: Optional[tuple] = None, trust: Optional[tuple] = None) -> int:
-        """Set f_s and, for FSGLD, q_s (if the server holds it), q and the trust region.
-
-        Sent again after a client is dropped (f_s renormalised, q over the remaining clients).
-        """
-        params = {"weight": jnp.asarray(weight, jnp.float32)}
-        if self.spec["algorithm"] == "FSGLD":
-            if surrogate is not None:
-                self._own_surrogate = (np.asarray(surrogate[0]), np.asarray(surrogate[1]))
-            if self._own_surrogate is None:
-                raise ValueError("FSGLD client configured before its surrogate is known")
-            params["precision"] = jnp.asarray(self._own_surrogate[0])
-            params["shift"] = jnp.asarray(self._own_surrogate[1])
-            params["global_precision"] = jnp.asarray(global_surrogate[0])
-            params["global_shift"] = jnp.asarray(global_surrogate[1])
-            if trust is not None:
-                params["trust_center"] = jnp.asarray(trust[0])
-                params["trust_precision"] = jnp.asarray(trust[1])
-                params["trust_radius"] = jnp.asarray(trust[2], jnp.float32)
-        structure_changed = self._visit is None or set(params) != set(self.params)
-        self.params = params
-        if structure_changed:
-            self._visit = self._build_visit("trust_center" in params)
+    def configure(self, parameters: Dict[str, Any]) -> int:
+        """Set this client's update parameters (sent again after a client is dropped: f_s
+        renormalised and whatever the protocol recomputes over the remaining clients)."""
+        parameters = self.protocol.complete_parameters(self.context, dict(parameters))
+        parameters = {name: jnp.asarray(value) for name, value in parameters.items()}
+        structure = {name: (value.shape, value.dtype) for name, value in parameters.items()}
+        changed = self._visit is None or structure != getattr(self, "_structure", None)
+        self.parameters, self._structure = parameters, structure
+        if changed:
+            self._visit = self._build_visit()
             # compile now, so that a visit's time (and its timeout) does not include compilation
-            position = jnp.zeros((self.flat_model.dim,), jnp.float32)
-            jax.block_until_ready(self._visit(np.int32(0), np.asarray(position), np.int32(0), self.params))
+            carry = self.protocol.init_carry(
+                np.zeros((self.context.flat_model.dim,), self.context.flat_model.dtype))
+            jax.block_until_ready(self._visit(np.int32(0), carry, np.int32(0), self.parameters))
         return self.index
 
-    def visit(self, chain: int, position, iteration: int):
-        """``local_steps`` updates of ``chain`` from ``position`` at global iteration ``iteration``.
+    def visit(self, chain: int, carry, iteration: int):
+        """``local_steps`` updates of ``chain`` from ``carry`` at global iteration ``iteration``.
 
-        Returns ``(position, draws, first_draw)``: the final position (d,), the
-        positions at the draw points inside the visit (k, d) (iterations t with
-        (t + 1) % thin == 0), and the global index of the first of them.
+        Returns ``(carry, draws, first_draw)``: the final carry, the positions at the draw
+        points inside the visit (k, d) (iterations t with (t + 1) % thin == 0), and the
+        global index of the first of them.
         """
         thin = self.spec["thin"]
-        steps = self.spec["local_steps"]
-        self._visits_served = getattr(self, "_visits_served", 0) + 1
+        steps = self.protocol.local_steps
+        self._visits_served += 1
         fault = self.spec.get("fault_injection")
         if fault and fault["client"] == self.index and self._visits_served > fault["after_visits"]:
             if fault["kind"] == "exit":  # the actor's process dies mid-run
@@ -181,53 +132,29 @@ class HandoffClient(ClientEndpoint):
             time.sleep(fault.get("seconds", 3600.0))  # "hang": never answers in time
         # NumPy arguments: no eager JAX op per call (each costs ~1 ms on a loaded machine)
         final, positions = self._visit(
-            np.int32(chain), np.asarray(position, np.float32), np.int32(iteration), self.params
-        )
+            np.int32(chain), tuple(np.asarray(leaf) for leaf in carry), np.int32(iteration),
+            self.parameters)
         ends = iteration + 1 + np.arange(steps)
         keep = ends % thin == 0
         draws = np.asarray(positions)[keep]
         first = int(ends[keep][0] // thin - 1) if keep.any() else -1
-        return np.asarray(final), draws, first
+        return tuple(np.asarray(leaf) for leaf in final), draws, first
 
-    def _build_visit(self, with_trust: bool):
-        from ..langevin import dsgld, fsgld
-        from ..surrogates import GaussianSurrogates, ProductSurrogate
-
-        spec = self.spec
-        flat_model, data = self.flat_model, self.data
-        root = jax.random.key(spec["seed"])
-        chains, thin, steps = spec["chains"], spec["thin"], spec["local_steps"]
-        batch_size, schedule, noise = spec["batch_size"], self.schedule, spec["noise"]
-        is_fsgld = spec["algorithm"] == "FSGLD"
-        alpha = fsgld.alpha_schedule(spec.get("alpha", 1.0), spec.get("alpha_warmup", 0)) if is_fsgld else None
+    def _build_visit(self):
+        protocol, context = self.protocol, self.context
+        root = jax.random.key(self.spec["seed"])
+        chains, thin, steps = self.spec["chains"], self.spec["thin"], protocol.local_steps
 
         @jax.jit
-        def visit(chain, position, iteration, params):
-            weights = params["weight"][None]
-            if is_fsgld:
-                trust = None
-                if with_trust:
-                    trust = fsgld.TrustRegion(
-                        center=params["trust_center"],
-                        precision=params["trust_precision"],
-                        radius=params["trust_radius"],
-                    )
-                step = fsgld.build_kernel(
-                    flat_model, data, weights, batch_size, steps, schedule,
-                    GaussianSurrogates(params["precision"][None], params["shift"][None]),
-                    ProductSurrogate(params["global_precision"], params["global_shift"]),
-                    alpha, noise, trust,
-                )
-            else:
-                step = dsgld.build_kernel(flat_model, data, weights, batch_size, steps, schedule, noise)
-            state = dsgld.init(position, 1)._replace(iteration=iteration)
+        def visit(chain, carry, iteration, parameters):
+            update = protocol.build_update(context, parameters)
 
-            def body(s, _):
-                s = step(iteration_key(root, chains, thin, chain, s.iteration), s)
-                return s, s.position
+            def body(carry, step):
+                t = iteration + step
+                carry = tuple(update(iteration_key(root, chains, thin, chain, t), carry, t))
+                return carry, protocol.position(carry)
 
-            final, positions = jax.lax.scan(body, state, None, length=steps)
-            return final.position, positions
+            return jax.lax.scan(body, tuple(carry), jnp.arange(steps, dtype=jnp.int32))
 
         return visit
 
@@ -256,7 +183,8 @@ def run_handoff(
     transport: Transport,
     *,
     weights: np.ndarray,
-    theta0: np.ndarray,
+    initial_carry: tuple,
+    position_of: Callable[[tuple], Any],
     chains: int,
     thin: int,
     local_steps: int,
@@ -281,21 +209,22 @@ def run_handoff(
     bar = progress_bar(progress, label, chains * total_draws)
     try:
         return _run_handoff(
-            transport, weights, theta0, chains, thin, local_steps, total_draws, seed,
+            transport, weights, initial_carry, position_of, chains, thin, local_steps,
+            total_draws, seed,
             visit_timeout, on_client_failure, divergence_threshold, reconfigure, make_result, bar)
     finally:
         if bar is not None:
             bar[0].stop()
 
 
-def _run_handoff(transport, weights, theta0, chains, thin, local_steps, total_draws, seed,
+def _run_handoff(transport, weights, initial_carry, position_of, chains, thin, local_steps,
+                 total_draws, seed,
                  visit_timeout, on_client_failure, divergence_threshold, reconfigure, make_result,
                  bar) -> HandoffRun:
-    from ..langevin.estimators import draw_client
-
     started = time.perf_counter()
     num_clients = len(weights)
-    dim = int(np.shape(theta0)[0])
+    initial_carry = tuple(np.asarray(leaf) for leaf in initial_carry)
+    dim = int(np.shape(position_of(initial_carry))[0])
     root = jax.random.key(seed)
     original_weights = np.asarray(weights, np.float64)
     current_weights = original_weights.copy()
@@ -313,7 +242,9 @@ def _run_handoff(transport, weights, theta0, chains, thin, local_steps, total_dr
     draw_clients = np.full((chains, total_draws), -1, np.int32)
     draw_rounds = np.full((chains, total_draws), -1, np.int32)
     done = np.zeros(chains, np.int64)
-    positions = np.broadcast_to(np.asarray(theta0, np.float32), (chains, dim)).copy()
+    carries = [initial_carry] * chains
+    positions = np.broadcast_to(np.asarray(position_of(initial_carry), np.float32),
+                                (chains, dim)).copy()
     iterations = np.zeros(chains, np.int64)
     rounds = np.zeros(chains, np.int64)
     visits = np.zeros((chains, num_clients), np.int64)
@@ -336,13 +267,13 @@ def _run_handoff(transport, weights, theta0, chains, thin, local_steps, total_dr
         rounds[chain] += 1
         visits[chain, client] += 1
         inflight[chain] = transport.call(
-            client, "visit", chain, positions[chain], int(iterations[chain]), tag=chain
+            client, "visit", chain, carries[chain], int(iterations[chain]), tag=chain
         )
 
     def accept(pending, reply) -> None:
         chain = pending.tag
         visit_seconds.append(time.perf_counter() - pending.sent_at)
-        position, segment, first = reply
+        carry, segment, first = reply
         segment = np.asarray(segment, np.float32).reshape(-1, dim)
         if first >= 0 and len(segment):
             stop = min(first + len(segment), total_draws)
@@ -360,7 +291,8 @@ def _run_handoff(transport, weights, theta0, chains, thin, local_steps, total_dr
                 draw_clients[chain, first: first + len(take)] = pending.client
                 draw_rounds[chain, first: first + len(take)] = rounds[chain]
                 done[chain] = first + len(take)
-        positions[chain] = np.asarray(position, np.float32)
+        carries[chain] = tuple(np.asarray(leaf) for leaf in carry)
+        positions[chain] = np.asarray(position_of(carries[chain]), np.float32)
         iterations[chain] += local_steps
 
     def revert(chain: int, client: int) -> None:
@@ -462,10 +394,10 @@ def _run_handoff(transport, weights, theta0, chains, thin, local_steps, total_dr
     return snapshot()
 
 
-# ----------------------------------------------------------------------------- algorithm adapter
+# ----------------------------------------------------------------------------- protocol adapter
 
 def sample_handoff(
-    algorithm,
+    protocol: HandoffProtocol,
     model,
     federation: Federation,
     make_transport: Callable[[List[tuple]], Transport],
@@ -482,45 +414,31 @@ def sample_handoff(
     audit_messages: bool = False,
     fault_injection: Optional[dict] = None,
     progress: Optional[bool] = None,
+    info: Optional[Dict[str, Any]] = None,
 ):
-    """DSGLD/FSGLD through the hand-off protocol on the transport ``make_transport`` builds.
+    """Run a hand-off ``protocol`` on the transport ``make_transport`` builds.
 
-    ``make_transport(specs)`` receives one ``(HandoffClient, args)`` per client
-    and returns a :class:`Transport` whose endpoints are those clients.
+    ``make_transport(specs)`` receives one ``(HandoffClient, args)`` per client and
+    returns a :class:`Transport` whose endpoints are those clients. The protocol's
+    :meth:`~fedmcmc.protocols.HandoffProtocol.prepare` and
+    :meth:`~fedmcmc.protocols.HandoffProtocol.client_parameters` run here, in the
+    driver, on the clients' replies; ``info``: entries to start ``Result.info`` with.
     """
-    from .. import surrogates as surrogate_module
-    from ..results import Result, SamplingDivergedError
-
-    is_fsgld = algorithm.name == "FSGLD"
+    if not isinstance(protocol, HandoffProtocol):
+        raise ValueError(f"protocol must be a fedmcmc.protocols.HandoffProtocol, got {protocol!r}")
     flat_model = model.flatten(init)
     theta0 = np.asarray(flat_model.ravel(init))
     num_clients = federation.num_clients
-    spec = {
-        "algorithm": algorithm.name,
-        "batch_size": algorithm.batch_size,
-        "local_steps": algorithm.local_steps,
-        "step_size": algorithm.step_size,
-        "noise": algorithm.noise,
-        "seed": int(seed),
-        "chains": int(chains),
-        "thin": int(thin),
-        "num_clients": num_clients,
-    }
+    spec = {"seed": int(seed), "chains": int(chains), "thin": int(thin),
+            "num_clients": num_clients}
     if fault_injection:
         spec["fault_injection"] = dict(fault_injection)
-    if is_fsgld:
-        spec.update(alpha=algorithm.alpha, alpha_warmup=algorithm.alpha_warmup)
-    info: Dict[str, Any] = {
-        "engine": engine_label,
-        "step_size": describe_step_size(algorithm.step_size),
-        "batch_size": algorithm.batch_size,
-        "local_steps": algorithm.local_steps,
-        "num_clients": num_clients,
-        "on_client_failure": on_client_failure,
-        "visit_timeout": visit_timeout,
-    }
+    info = dict(info or {})
+    info.update(engine=engine_label, local_steps=protocol.local_steps, num_clients=num_clients,
+                on_client_failure=on_client_failure, visit_timeout=visit_timeout)
     sources = federation.client_sources()
-    specs = [(HandoffClient, (s, sources[s], model, init, spec)) for s in range(num_clients)]
+    specs = [(HandoffClient, (s, sources[s], model, init, protocol, spec))
+             for s in range(num_clients)]
     transport = make_transport(specs)
     try:
         # from_loaders: each client loaded its rows in its own process; the driver learns
@@ -529,106 +447,54 @@ def sample_handoff(
         weights = np.asarray(federation.weights, np.float64)
         transport.audit = bool(audit_messages)
         setup_started = time.perf_counter()
-        surrogates = None
-        given = None
-        if is_fsgld:
-            if isinstance(algorithm.surrogate, str):
-                step = algorithm.surrogate_step_size
-                if step is None:
-                    step = (
-                        algorithm.step_size
-                        if not callable(algorithm.step_size)
-                        else float(algorithm.step_size(0))
-                    )
-                options = {"diagonal": algorithm.diagonal}
-                if algorithm.surrogate == "sgld":
-                    options.update(
-                        step_size=step, batch_size=algorithm.batch_size,
-                        draws=algorithm.surrogate_draws, burn_in=algorithm.surrogate_burn_in,
-                    )
-                pendings = [
-                    transport.call(s, "fit_surrogate", algorithm.surrogate, theta0, options)
-                    for s in range(num_clients)
-                ]
-                fitted = [_wait_result(transport, p, None) for p in pendings]
-                surrogates = surrogate_module.GaussianSurrogates(
-                    precision=jnp.stack([jnp.asarray(p) for p, _ in fitted]),
-                    shift=jnp.stack([jnp.asarray(b) for _, b in fitted]),
-                )
-            else:
-                surrogates = surrogate_module.as_surrogates(
-                    algorithm.surrogate, flat_model.dim, num_clients
-                )
-                given = surrogates
-            info.update(
-                surrogate=algorithm.surrogate if isinstance(algorithm.surrogate, str) else "given",
-                surrogate_diagonal=surrogates.diagonal,
-                alpha=algorithm.alpha,
-                alpha_warmup=algorithm.alpha_warmup,
-            )
+        timeout = [None]  # set-up before sampling waits without a limit (it compiles)
 
-        def configure(current_weights: np.ndarray, timeout: Optional[float] = visit_timeout) -> None:
+        def ask(name, args_of_client, clients=None):
+            clients = list(range(num_clients)) if clients is None else list(clients)
+            pendings = [transport.call(s, "setup", name, *args_of_client(s)) for s in clients]
+            return [_wait_result(transport, p, timeout[0]) for p in pendings]
+
+        server = ServerSide(ask=ask, flat_model=flat_model, theta0=theta0,
+                            num_clients=num_clients, seed=int(seed), info=info)
+        prepared = protocol.prepare(server)
+
+        def configure(current_weights: np.ndarray) -> None:
             kept = [s for s in range(num_clients) if current_weights[s] > 0]
-            global_surrogate = trust = None
-            if is_fsgld:
-                subset = surrogate_module.GaussianSurrogates(
-                    precision=surrogates.precision[np.asarray(kept)],
-                    shift=surrogates.shift[np.asarray(kept)],
-                )
-                product = surrogate_module.product(subset)
-                global_surrogate = (np.asarray(product.precision), np.asarray(product.shift))
-                if algorithm.trust_radius is not None:
-                    center, metric = surrogate_module.laplace_of_product(
-                        flat_model, subset, jnp.asarray(theta0)
-                    )
-                    radius = algorithm.trust_radius
-                    if radius == "auto":
-                        radius = _auto_radius(algorithm, transport, flat_model, current_weights,
-                                              kept, global_surrogate, center, timeout)
-                    trust = (np.asarray(center), np.asarray(metric), float(radius))
-                    info["trust_radius"] = radius
-                else:
-                    info["trust_radius"] = None
-            pendings = []
-            for s in kept:
-                own = None
-                if given is not None:
-                    own = (np.asarray(given.precision[s]), np.asarray(given.shift[s]))
-                pendings.append(
-                    transport.call(s, "configure", float(current_weights[s]), own,
-                                   global_surrogate, trust)
-                )
+            parameters = protocol.client_parameters(server, prepared, current_weights, kept)
+            if len(parameters) != len(kept):
+                raise ValueError(f"{protocol.name}.client_parameters returned "
+                                 f"{len(parameters)} entries for {len(kept)} clients")
+            pendings = [transport.call(s, "configure", p) for s, p in zip(kept, parameters)]
             for p in pendings:
-                _wait_result(transport, p, timeout)
+                _wait_result(transport, p, timeout[0])
 
-        configure(weights, timeout=None)
-        info["client_locations"] = [
-            _wait_result(transport, p, None)
-            for p in [transport.call(s, "location") for s in range(num_clients)]
-        ]
+        configure(weights)
+        timeout[0] = visit_timeout  # after a drop, reconfiguring is bounded like a visit
+        info["client_locations"] = call_all(transport, "location")
         info["setup_time"] = time.perf_counter() - setup_started
         total = burn_in + num_samples
 
         def to_result(run: HandoffRun):
-            return _result_of(run, algorithm, flat_model, info, transport, burn_in, chains, thin,
-                              weights)
+            return _result_of(run, protocol.name, flat_model, info, transport, burn_in, chains,
+                              thin, weights)
 
         run = run_handoff(
             transport,
             weights=weights,
-            theta0=theta0,
+            initial_carry=protocol.init_carry(theta0),
+            position_of=protocol.position,
             chains=chains,
             thin=thin,
-            local_steps=algorithm.local_steps,
+            local_steps=protocol.local_steps,
             total_draws=total,
             seed=seed,
             visit_timeout=visit_timeout,
             on_client_failure=on_client_failure,
-            divergence_threshold=algorithm.divergence_threshold,
+            divergence_threshold=protocol.divergence_threshold,
             reconfigure=configure,
             make_result=to_result,
             progress=progress,
-            label=f"{algorithm.name} ({engine_label})",
+            label=f"{protocol.name} ({engine_label})",
         )
         result = to_result(run)
     finally:
@@ -640,31 +506,11 @@ def sample_handoff(
         ]
         result.info["diverged_chains"] = [d["chain"] for d in details]
         raise SamplingDivergedError(
-            f"{algorithm.name} (engine={engine_label!r}): {len(details)} chain(s) diverged. "
+            f"{protocol.name} (engine={engine_label!r}): {len(details)} chain(s) diverged. "
             "The draws made before are in error.result; lower step_size",
             result, result.info["diverged_chains"], details,
         )
     return result
-
-
-def _auto_radius(algorithm, transport, flat_model, weights, kept, global_surrogate, center,
-                 timeout) -> float:
-    """FSGLD's ``trust_radius="auto"`` from the clients' own estimator moments (d + 1 floats
-    each, computed in the client from its data; the in-process engine computes the same
-    moments with the same keys, so the radius is the same)."""
-    from ..langevin import fsgld
-
-    center = np.asarray(center)
-    probes = int(getattr(algorithm, "radius_probes_per_client", 64))
-    pendings = [transport.call(s, "estimator_moments", float(weights[s]), global_surrogate, center,
-                               probes) for s in kept]
-    replies = [_wait_result(transport, p, timeout) for p in pendings]
-    means = np.stack([np.asarray(m) for m, _ in replies])
-    second = np.array([v for _, v in replies])
-    w = np.asarray(weights, np.float64)[np.asarray(kept)]
-    trace = fsgld.noise_trace_from_moments(w / w.sum(), means, second)
-    h = algorithm.step_size if not callable(algorithm.step_size) else float(algorithm.step_size(0))
-    return fsgld.auto_trust_radius(flat_model.dim, h, trace)
 
 
 def _wait_result(transport: Transport, pending, timeout: Optional[float]):
@@ -683,16 +529,13 @@ def _wait_result(transport: Transport, pending, timeout: Optional[float]):
         ) from None
 
 
-def _result_of(run: HandoffRun, algorithm, flat_model, base_info, transport, burn_in, chains,
+def _result_of(run: HandoffRun, name: str, flat_model, base_info, transport, burn_in, chains,
                thin, original_weights):
-    from ..results import Result
-
-    total = run.draws.shape[1]
     kept = run.draws[:, burn_in:]
     info = dict(base_info)
     draws_done = int(run.draws_done.max()) if len(run.draws_done) else 0
     info.update(
-        algorithm=algorithm.name,
+        algorithm=name,
         chains=chains,
         iterations=int(draws_done * thin),
         draws_kept=int(kept.shape[1]),
@@ -718,21 +561,55 @@ def _result_of(run: HandoffRun, algorithm, flat_model, base_info, transport, bur
                 f"(clients {dropped} dropped mid-run; f_s renormalised)"
             )
             info["weights_after_drop"] = run.weights.tolist()
-    if kept.shape[1] < total - burn_in:  # pragma: no cover - defensive
-        pass
-    stats = {"client": run.clients[:, burn_in:].copy(), "round": run.rounds_at_draw[:, burn_in:].copy()}
+    stats = {"client": run.clients[:, burn_in:].copy(),
+             "round": run.rounds_at_draw[:, burn_in:].copy()}
     samples = flat_model.unravel_draws(jnp.asarray(kept))
-    return Result(samples=samples, info=info, sample_stats=stats, algorithm=algorithm.name)
+    return Result(samples=samples, info=info, sample_stats=stats, algorithm=name)
 
 
-def sample_on_ray(algorithm, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-           progress=None, **options):
-    """DSGLD/FSGLD on Ray, one actor per client (called by their ``sample`` when
-    ``engine="ray"``)."""
+def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str, init,
+                    num_samples: int, burn_in: int, thin: int, chains: int, seed: int,
+                    progress: Optional[bool] = None, info: Optional[Dict[str, Any]] = None,
+                    **options):
+    """Run a hand-off ``protocol`` on ``engine``: ``"local"`` (its clients as objects in this
+    process, :class:`~fedmcmc.engines.comm.InProcessTransport`, message for message as on
+    Ray) or ``"ray"`` (one Ray actor per client, :func:`sample_on_ray`).
+
+    This is what an algorithm defined outside the package calls from its ``sample``: it
+    needs no edit of fedmcmc (``docs/development``, "Adding a hand-off algorithm").
+    ``options``: the engine options of ``fedmcmc.engines.options`` (``visit_timeout``,
+    ``on_client_failure``, ``audit_messages``, and on Ray ``ray_address`` etc.).
+    """
+    if not isinstance(protocol, HandoffProtocol):
+        raise ValueError(f"protocol must be a fedmcmc.protocols.HandoffProtocol, got {protocol!r}")
+    common = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
+                  chains=chains, seed=seed, progress=progress, info=info)
+    if engine == "ray":
+        return sample_on_ray(protocol, model, federation, **common, **options)
+    if engine != "local":
+        raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
+    options = check_engine_options(options, protocol.name, engine="local")
+    for name in ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
+                 "allow_unauthenticated_cluster"):
+        if options.get(name) not in (None, False, 0):
+            raise ValueError(f"{name} is a Ray option; engine='local' takes none")
+    return sample_handoff(
+        protocol, model, federation,
+        lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
+        engine_label="local", visit_timeout=options.get("visit_timeout"),
+        on_client_failure=options["on_client_failure"],
+        audit_messages=bool(options.get("audit_messages", False)),
+        fault_injection=options.get("fault_injection"), **common)
+
+
+def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_samples, burn_in,
+                  thin, chains, seed, progress=None, info=None, **options):
+    """A hand-off protocol (DSGLD, FSGLD, or one defined outside the package) on Ray, one
+    actor per client."""
     from .ray_engine import RayTransport, ray_session
     from .ray_security import record_ray_authentication
 
-    options = check_engine_options(options, algorithm.name)
+    options = check_engine_options(options, protocol.name)
     resources = options.get("client_resources")
     num_cpus = options.get("client_num_cpus", 0)
 
@@ -742,12 +619,12 @@ def sample_on_ray(algorithm, model, federation, *, init, num_samples, burn_in, t
     with ray_session(options.get("ray_address"), options.get("ray_init_options"),
                      options.get("allow_unauthenticated_cluster", False)):
         return record_ray_authentication(sample_handoff(
-            algorithm, model, federation, make_transport,
+            protocol, model, federation, make_transport,
             init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
             seed=seed, engine_label="ray",
             visit_timeout=options.get("visit_timeout"),
             on_client_failure=options["on_client_failure"],
             audit_messages=bool(options.get("audit_messages", False)),
             fault_injection=options.get("fault_injection"),
-            progress=progress,
+            progress=progress, info=info,
         ))

@@ -26,13 +26,14 @@ ENGINE_OPTIONS = (
 )
 
 
-def check_engine_options(options: Dict[str, Any], name: str) -> Dict[str, Any]:
-    """Keep the Ray engine options of ``options`` (``ValueError`` naming any other, or a
-    resume option, which the Ray engine does not support), with defaults filled in."""
+def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray") -> Dict[str, Any]:
+    """Keep the engine options of ``options`` (``ValueError`` naming any other, or a resume
+    option, which the protocol engines do not support), with defaults filled in. ``engine``
+    names the engine in the messages."""
     unknown = sorted(set(options) - set(ENGINE_OPTIONS) - set(RUN_OPTIONS))
     if unknown:
         raise ValueError(
-            f"unknown options for {name} on engine='ray': {unknown}; "
+            f"unknown options for {name} on engine={engine!r}: {unknown}; "
             f"engine options are {list(ENGINE_OPTIONS)}"
         )
     # Resuming needs chain states at a draw index, which this engine does not checkpoint:
@@ -41,8 +42,8 @@ def check_engine_options(options: Dict[str, Any], name: str) -> Dict[str, Any]:
     used = [k for k in ("start_draw", "resume_state") if options.get(k) not in (None, 0)]
     if used:
         raise ValueError(
-            f"options {used} (resume) are not supported with engine='ray'; "
-            "use engine='local'"
+            f"options {used} (resume) are not supported with engine={engine!r} for {name}; "
+            "use engine='local' with an algorithm of the package"
         )
     out = {k: options[k] for k in ENGINE_OPTIONS if k in options}
     policy = out.get("on_client_failure", "stop")

@@ -32,6 +32,7 @@ from . import dsgld, fsgld, sgld
 from . import step_size as step_size_module
 from . import estimators
 from .estimators import conducive_gradient_from_terms, conducive_terms, draw_minibatch, dsgld_gradient
+from .handoff import DSGLDProtocol, FSGLDProtocol
 from ..schedules import as_schedule, describe_step_size
 
 __all__ = ["SGLD", "DSGLD", "FSGLD", "StepSizeWarning"]
@@ -374,6 +375,12 @@ class DSGLD(_LangevinAlgorithm):
                              f"got {control_variates!r}")
         self.control_variates = control_variates
 
+    def handoff_protocol(self) -> DSGLDProtocol:
+        """This algorithm as a hand-off protocol (what the clients and the server of the Ray
+        engine run; ``fedmcmc.langevin.handoff``)."""
+        return DSGLDProtocol(self.step_size, self.batch_size, self.local_steps, self.noise,
+                             self.divergence_threshold)
+
     def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
         step_size, variates = self.step_size, None
         if step_size == "auto" or self.control_variates:
@@ -443,10 +450,17 @@ class DSGLD(_LangevinAlgorithm):
                     f"step_size='auto' is not available for {self.name} on engine='ray' yet: "
                     "run once on engine='local' (or on a sample of the clients) and pass "
                     "result.info['step_size'] as a number")
-
+            if self.control_variates:
+                raise ValueError(
+                    f"control_variates=True is not available for {self.name} on engine='ray' "
+                    "yet (the anchor gradients are computed in-process): use engine='local' or "
+                    "control_variates=False")
+            info = {"step_size": describe_step_size(self.step_size),
+                    "batch_size": self.batch_size}
             return sample_on_ray(
-                self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
-                thin=thin, chains=chains, seed=seed, progress=progress, **options,
+                self.handoff_protocol(), model, federation, init=init, num_samples=num_samples,
+                burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
+                info=info, **options,
             )
         run_options = split_run_options(options, self.name)
         flat_model = model.flatten(init)
@@ -626,6 +640,16 @@ class FSGLD(DSGLD):
 
     #: minibatch draws per client for the automatic trust radius
     radius_probes_per_client = 64
+
+    def handoff_protocol(self) -> FSGLDProtocol:
+        """This algorithm as a hand-off protocol (``fedmcmc.langevin.handoff``)."""
+        return FSGLDProtocol(
+            self.step_size, self.batch_size, self.local_steps, surrogate=self.surrogate,
+            alpha=self.alpha, alpha_warmup=self.alpha_warmup, diagonal=self.diagonal,
+            surrogate_draws=self.surrogate_draws, surrogate_burn_in=self.surrogate_burn_in,
+            surrogate_step_size=self.surrogate_step_size, trust_radius=self.trust_radius,
+            radius_probes_per_client=self.radius_probes_per_client, noise=self.noise,
+            divergence_threshold=self.divergence_threshold)
 
     def _auto_trust_radius(self, flat_model, data, weights, surrogates, global_surrogate, center,
                            key, step_size) -> float:

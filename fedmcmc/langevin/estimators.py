@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from ..federation import ConcatenatedData
 from ..minibatch import Minibatch, likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
+from ..protocols import client_from_uniform, draw_client  # noqa: F401 - re-exported: the scheduler
 from ..surrogates import GaussianSurrogates, ProductSurrogate, grad_log_surrogate
 
 __all__ = [
@@ -150,19 +151,3 @@ def estimator_moments(flat_model: FlatModel, data: ConcatenatedData, client, cli
 
     values = jax.vmap(estimate)(jax.random.split(key, probes))
     return jnp.mean(values, axis=0), jnp.mean(jnp.sum(values * values, axis=-1))
-
-
-def draw_client(key, cumulative_weights):
-    """The scheduler: client s with probability f_s (binary search on the cumulative weights)."""
-    return client_from_uniform(
-        jax.random.uniform(key, (), dtype=cumulative_weights.dtype), cumulative_weights)
-
-
-def client_from_uniform(uniform, cumulative_weights):
-    """:func:`draw_client` from its uniform on [0, 1) (drawn in bulk by the engine)."""
-    u = uniform * cumulative_weights[-1]
-    # the same index either way; comparing against all S weights is one fused vector
-    # operation, cheaper inside a compiled step than the binary search's loop for small S
-    method = "compare_all" if cumulative_weights.shape[0] <= 256 else "scan"
-    index = jnp.searchsorted(cumulative_weights, u, side="right", method=method)
-    return jnp.minimum(index, cumulative_weights.shape[0] - 1).astype(jnp.int32)

@@ -1,0 +1,236 @@
+"""DSGLD and FSGLD as hand-off protocols (``fedmcmc.protocols.HandoffProtocol``).
+
+What runs where when the clients are separate processes (the Ray engine, or the
+in-process transport that simulates it message for message):
+
+* **client side** (its own data only): FSGLD's surrogate fit
+  (:meth:`FSGLDProtocol.client_fit_surrogate`, the objective of
+  ``fedmcmc.surrogates``: the client's log likelihood plus 1/S of the log prior)
+  and the d + 1 moments of its estimator for ``trust_radius="auto"``
+  (:meth:`FSGLDProtocol.client_estimator_moments`); every visit's updates, built
+  from the in-process kernels (``dsgld.build_kernel``, ``fsgld.build_kernel``) on
+  a one-client data layout, so the update rule is written once;
+* **server side** (replies only): the product q of the surrogates, the Laplace
+  centre and metric of prior x q, the trust radius from the clients' moments,
+  and f_s, all recomputed over the remaining clients when one is dropped.
+
+Keys are the in-process engine's, so both engines give the same draws (the
+tests compare them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import surrogates as surrogate_module
+from ..federation import Federation
+from ..model import Model
+from ..protocols import ClientContext, HandoffProtocol, ServerSide
+from ..schedules import as_schedule
+from . import dsgld, fsgld
+from .estimators import estimator_moments
+
+__all__ = ["DSGLDProtocol", "FSGLDProtocol"]
+
+
+class DSGLDProtocol(HandoffProtocol):
+    """DSGLD (FSGLD equations (3)-(4)): the position travels; a client's update uses the
+    estimator (4) with its own minibatches and its f_s."""
+
+    name = "DSGLD"
+
+    def __init__(self, step_size, batch_size: int, local_steps: int, noise: bool = True,
+                 divergence_threshold: float = 1e10):
+        self.step_size = step_size
+        self.schedule = as_schedule(step_size)  # outside the compiled visit: it checks h
+        self.batch_size = int(batch_size)
+        self.local_steps = int(local_steps)
+        self.noise = bool(noise)
+        self.divergence_threshold = float(divergence_threshold)
+
+    def client_parameters(self, server, prepared, weights, clients):
+        return [{"weight": np.float32(weights[s])} for s in clients]
+
+    def _kernel(self, context: ClientContext, parameters: Dict[str, Any]):
+        return dsgld.build_kernel(
+            context.flat_model, context.data, parameters["weight"][None], self.batch_size,
+            self.local_steps, self.schedule, self.noise)
+
+    def build_update(self, context, parameters):
+        step = self._kernel(context, parameters)
+
+        def update(key, carry, iteration):
+            state = dsgld.init(carry[0], 1)._replace(iteration=iteration)
+            return (step(key, state).position,)
+
+        return update
+
+
+class FSGLDProtocol(DSGLDProtocol):
+    """FSGLD (equations (5)-(7)): DSGLD plus the conducive gradient, from surrogates each
+    client fits on its own data (or given ones), and the trust region around the mode of
+    prior x q."""
+
+    name = "FSGLD"
+
+    def __init__(self, step_size, batch_size: int, local_steps: int, *, surrogate, alpha: float,
+                 alpha_warmup: int, diagonal: Optional[bool], surrogate_draws: int,
+                 surrogate_burn_in: int, surrogate_step_size: Optional[float], trust_radius,
+                 radius_probes_per_client: int, noise: bool = True,
+                 divergence_threshold: float = 1e10):
+        super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold)
+        self.surrogate = surrogate
+        self.alpha = float(alpha)
+        self.alpha_warmup = int(alpha_warmup)
+        self.diagonal = diagonal
+        self.surrogate_draws = int(surrogate_draws)
+        self.surrogate_burn_in = int(surrogate_burn_in)
+        self.surrogate_step_size = surrogate_step_size
+        self.trust_radius = trust_radius
+        self.radius_probes_per_client = int(radius_probes_per_client)
+
+    def _first_step_size(self) -> float:
+        return float(self.step_size(0)) if callable(self.step_size) else float(self.step_size)
+
+    # ------------------------------------------------------------------ client side
+    def client_fit_surrogate(self, context: ClientContext, theta0):
+        """Fit q_s on this client's data only and keep it; reply its natural parameters
+        (P_s, b_s). The key is the one the in-process fit gives this client."""
+        prior = context.model.log_prior
+        num_clients = context.num_clients
+        share = Model(log_prior=lambda params: prior(params) / num_clients,
+                      log_likelihood=context.model.log_likelihood)
+        flat_share = share.flatten(context.flat_model.unravel(jnp.asarray(theta0)))
+        options: Dict[str, Any] = {"diagonal": self.diagonal}
+        if self.surrogate == "sgld":
+            step = self.surrogate_step_size
+            options.update(step_size=self._first_step_size() if step is None else step,
+                           batch_size=self.batch_size, draws=self.surrogate_draws,
+                           burn_in=self.surrogate_burn_in)
+        key = jax.random.split(
+            jax.random.fold_in(jax.random.key(context.seed), 2**20), num_clients)[context.index]
+        fitted = surrogate_module.fit_surrogates(
+            self.surrogate, flat_share, Federation([context.raw_data]), jnp.asarray(theta0),
+            key[None], **options)
+        own = (np.asarray(fitted.precision[0]), np.asarray(fitted.shift[0]))
+        context.store["surrogate"] = own
+        return own
+
+    def client_estimator_moments(self, context: ClientContext, weight: float, global_surrogate,
+                                 center):
+        """The d + 1 moments of this client's FSGLD estimator at ``center`` over
+        ``radius_probes_per_client`` of its own minibatches (``estimators.estimator_moments``),
+        with the key the in-process engine uses for this client."""
+        precision, shift = context.store["surrogate"]
+        key = jax.random.fold_in(jax.random.fold_in(
+            jax.random.fold_in(jax.random.key(context.seed), 2**20), 7), context.index)
+        flat_model, data = context.flat_model, context.data
+        probes, batch_size, alpha = self.radius_probes_per_client, self.batch_size, self.alpha
+
+        @jax.jit
+        def moments(weight, own, product, center, key):
+            return estimator_moments(flat_model, data, jnp.int32(0), weight, batch_size, alpha,
+                                     own, product, center, key, probes)
+
+        mean, second = moments(
+            jnp.asarray(weight, jnp.float32),
+            surrogate_module.GaussianSurrogates(jnp.asarray(precision)[None],
+                                                jnp.asarray(shift)[None]),
+            surrogate_module.ProductSurrogate(jnp.asarray(global_surrogate[0]),
+                                              jnp.asarray(global_surrogate[1])),
+            jnp.asarray(center), key)
+        return np.asarray(mean), float(second)
+
+    def complete_parameters(self, context, parameters):
+        parameters = dict(parameters)
+        if "precision" in parameters:  # given surrogates: the server sends each its own
+            context.store["surrogate"] = (parameters["precision"], parameters["shift"])
+        elif "surrogate" in context.store:
+            parameters["precision"], parameters["shift"] = context.store["surrogate"]
+        else:
+            raise ValueError("FSGLD client configured before its surrogate is known")
+        return parameters
+
+    # ------------------------------------------------------------------ server side
+    def prepare(self, server: ServerSide):
+        """The clients' surrogates: fitted by each client (a reply of d + d^2 or 2d floats)
+        or given by the user."""
+        dim = server.flat_model.dim
+        if isinstance(self.surrogate, str):
+            theta0 = np.asarray(server.theta0)
+            fitted = server.ask("fit_surrogate", lambda s: (theta0,), None)
+            surrogates = surrogate_module.GaussianSurrogates(
+                precision=jnp.stack([jnp.asarray(p) for p, _ in fitted]),
+                shift=jnp.stack([jnp.asarray(b) for _, b in fitted]))
+            given = False
+        else:
+            surrogates = surrogate_module.as_surrogates(self.surrogate, dim,
+                                                        server.num_clients)
+            given = True
+        server.info.update(
+            surrogate=self.surrogate if isinstance(self.surrogate, str) else "given",
+            surrogate_diagonal=surrogates.diagonal, alpha=self.alpha,
+            alpha_warmup=self.alpha_warmup)
+        return surrogates, given
+
+    def client_parameters(self, server, prepared, weights, clients):
+        """f_s, q over ``clients`` and the trust region (``trust_radius="auto"``: from the
+        clients' estimator moments, ``fsgld.auto_trust_radius``)."""
+        surrogates, given = prepared
+        kept = np.asarray(list(clients))
+        subset = surrogate_module.GaussianSurrogates(precision=surrogates.precision[kept],
+                                                     shift=surrogates.shift[kept])
+        product = surrogate_module.product(subset)
+        global_surrogate = (np.asarray(product.precision), np.asarray(product.shift))
+        trust = None
+        if self.trust_radius is not None:
+            center, metric = surrogate_module.laplace_of_product(
+                server.flat_model, subset, jnp.asarray(server.theta0))
+            radius = self.trust_radius
+            if radius == "auto":
+                center_array = np.asarray(center)
+                replies = server.ask(
+                    "estimator_moments",
+                    lambda s: (float(weights[s]), global_surrogate, center_array), kept.tolist())
+                means = np.stack([np.asarray(m) for m, _ in replies])
+                second = np.array([v for _, v in replies])
+                share = np.asarray(weights, np.float64)[kept]
+                trace = fsgld.noise_trace_from_moments(share / share.sum(), means, second)
+                radius = fsgld.auto_trust_radius(server.flat_model.dim, self._first_step_size(),
+                                                 trace)
+            trust = (np.asarray(center), np.asarray(metric), np.float32(radius))
+            server.info["trust_radius"] = radius
+        else:
+            server.info["trust_radius"] = None
+        parameters: List[Dict[str, Any]] = []
+        for s in kept.tolist():
+            entry = {"weight": np.float32(weights[s]), "global_precision": global_surrogate[0],
+                     "global_shift": global_surrogate[1]}
+            if given:
+                entry["precision"] = np.asarray(surrogates.precision[s])
+                entry["shift"] = np.asarray(surrogates.shift[s])
+            if trust is not None:
+                entry.update(trust_center=trust[0], trust_precision=trust[1],
+                             trust_radius=trust[2])
+            parameters.append(entry)
+        return parameters
+
+    def _kernel(self, context, parameters):
+        trust = None
+        if "trust_center" in parameters:
+            trust = fsgld.TrustRegion(center=parameters["trust_center"],
+                                      precision=parameters["trust_precision"],
+                                      radius=parameters["trust_radius"])
+        return fsgld.build_kernel(
+            context.flat_model, context.data, parameters["weight"][None], self.batch_size,
+            self.local_steps, self.schedule,
+            surrogate_module.GaussianSurrogates(parameters["precision"][None],
+                                                parameters["shift"][None]),
+            surrogate_module.ProductSurrogate(parameters["global_precision"],
+                                              parameters["global_shift"]),
+            fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise, trust)
+

@@ -1,0 +1,170 @@
+"""Protocol types: what a federated sampler's clients and server do, without the engine.
+
+A family describes its algorithm once, as a protocol: named client-side
+functions (they run where the client's data are and reply with a few floats)
+and server-side functions (they run in the driver and see only replies). An
+engine (``fedmcmc.engines``) runs any protocol of a given communication pattern
+over any transport (in-process objects, Ray actors); it never imports a family
+and never branches on an algorithm's name.
+
+This module holds the hand-off pattern (DSGLD, FSGLD, or a sampler defined
+outside the package, such as SGHMC whose momentum travels with the chain):
+
+* the **chain carry** is a tuple of arrays that travels from client to client
+  (DSGLD/FSGLD: the position; SGHMC: position and momentum);
+* a **visit** is ``local_steps`` updates of the carry on one client, with the
+  client's own data: :meth:`HandoffProtocol.build_update` gives one update,
+  the engine scans it;
+* the **server** draws the next client of each chain with probability f_s, with
+  the first of the three keys ``jax.random.split(key, 3)`` of the visit's first
+  iteration (so an update should draw its minibatch and noise from the other
+  two, as DSGLD does), and hands the carry on.
+
+Keys: iteration ``t`` of chain ``c`` uses
+``fedmcmc.engines.local.iteration_key(root, chains, thin, c, t)`` on every
+engine, so a protocol's draws do not depend on the transport.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from .federation import ConcatenatedData
+from .model import FlatModel
+
+__all__ = ["ClientContext", "HandoffProtocol", "ServerSide", "draw_client",
+           "client_from_uniform"]
+
+
+class ClientContext(NamedTuple):
+    """What a client-side function of a protocol sees: its own data and nothing else.
+
+    ``data`` is the client's rows in the one-client layout of the kernels
+    (:class:`~fedmcmc.federation.ConcatenatedData` with a single client, so the
+    in-process kernels run unchanged); ``raw_data`` the rows as loaded;
+    ``store`` a dictionary private to this client, kept between calls (for
+    example a surrogate fitted in one call and used in the next).
+    """
+
+    index: int
+    flat_model: FlatModel
+    model: Any  # fedmcmc.Model
+    data: ConcatenatedData
+    raw_data: Any
+    size: int
+    num_clients: int
+    seed: int
+    store: Dict[str, Any]
+
+
+class ServerSide(NamedTuple):
+    """What a protocol's server-side set-up may use in the driver.
+
+    ``ask(name, args_of_client, clients)`` runs the protocol's client-side method
+    ``client_<name>`` on every client of ``clients`` (all when ``None``) with the
+    arguments ``args_of_client(client)`` and returns their replies in order; a
+    failing client raises :class:`~fedmcmc.engines.comm.ClientFailureError`.
+    ``flat_model`` and ``theta0`` (the flat initial position) describe the
+    parameter, ``num_clients`` the federation; ``info`` is the run's ``Result.info``, to which set-up adds
+    what it chose.
+    """
+
+    ask: Callable[[str, Callable[[int], tuple], Optional[Sequence[int]]], List[Any]]
+    flat_model: FlatModel
+    theta0: Any
+    num_clients: int
+    seed: int
+    info: Dict[str, Any]
+
+
+class HandoffProtocol:
+    """A sampler whose chain is handed from client to client (FSGLD equations (3)-(4)).
+
+    Subclass it to define a hand-off sampler; instances are pickled to the
+    clients, so keep configuration in plain attributes. Override:
+
+    * :meth:`init_carry` / :meth:`position`: what travels with the chain;
+    * :meth:`build_update`: one update of the carry on one client (pure, jittable);
+    * optionally client-side functions, methods named ``client_<name>(context, *args)``
+      (set-up that needs the client's data: a surrogate fit, gradient-noise
+      moments; they run in the client's process and reply with a few floats),
+      with :meth:`prepare`, which asks for them by ``<name>``, and
+      :meth:`client_parameters`: the per-client parameters of the update,
+      computed by the server from the replies (and again, over the remaining
+      clients, when a client is dropped).
+
+    Attributes
+    ----------
+    name:
+        The algorithm's name, used in ``Result.info`` and messages.
+    local_steps:
+        Updates per visit before the chain is handed on.
+    divergence_threshold:
+        A draw with a non-finite coordinate or one above this in absolute value
+        stops its chain (the draws before it are kept).
+    """
+
+    name: str = "handoff"
+    local_steps: int = 1
+    divergence_threshold: float = 1e10
+
+    # ------------------------------------------------------------------ chain carry
+    def init_carry(self, position) -> Tuple[Any, ...]:
+        """The arrays that travel with a chain that starts at ``position`` (flat, (d,))."""
+        return (position,)
+
+    def position(self, carry: Tuple[Any, ...]):
+        """The position (flat, (d,)) of a carry: the draw the engine records."""
+        return carry[0]
+
+    # ------------------------------------------------------------------ server side
+    def prepare(self, server: ServerSide) -> Any:
+        """Set-up done once, before sampling (e.g. ask every client for its surrogate).
+
+        Returns whatever :meth:`client_parameters` needs; the default does nothing."""
+        return None
+
+    def client_parameters(self, server: ServerSide, prepared: Any, weights,
+                          clients: Sequence[int]) -> List[Dict[str, Any]]:
+        """The parameters of each client's update, one dictionary of arrays per client
+        of ``clients`` (those still taking part), for the scheduler weights ``weights``
+        (f_s, renormalised over ``clients``). The default gives f_s only, as
+        ``{"weight": f_s}``: the estimator of equation (4) scales the client's
+        minibatch gradient by 1 / f_s."""
+        return [{"weight": float(weights[s])} for s in clients]
+
+    def complete_parameters(self, context: ClientContext, parameters: Dict[str, Any]):
+        """Client side, after :meth:`client_parameters`' dictionary arrives: add what the
+        client keeps to itself (e.g. its own surrogate, never sent back). Default: as is."""
+        return parameters
+
+    # ------------------------------------------------------------------ the update
+    def build_update(self, context: ClientContext, parameters: Dict[str, Any]) -> Callable:
+        """``update(key, carry, iteration) -> carry``: one update on this client.
+
+        Called inside the compiled visit with ``parameters`` as traced arrays (a new
+        f_s after a drop does not recompile). ``key`` is the iteration's key; the
+        engine draws the next client from ``jax.random.split(key, 3)[0]`` of a
+        visit's first iteration."""
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------- the scheduler
+
+def draw_client(key, cumulative_weights):
+    """The scheduler: client s with probability f_s (binary search on the cumulative weights)."""
+    return client_from_uniform(
+        jax.random.uniform(key, (), dtype=cumulative_weights.dtype), cumulative_weights)
+
+
+def client_from_uniform(uniform, cumulative_weights):
+    """:func:`draw_client` from its uniform on [0, 1) (drawn in bulk by the engine)."""
+    u = uniform * cumulative_weights[-1]
+    # the same index either way; comparing against all S weights is one fused vector
+    # operation, cheaper inside a compiled step than the binary search's loop for small S
+    method = "compare_all" if cumulative_weights.shape[0] <= 256 else "scan"
+    index = jnp.searchsorted(cumulative_weights, u, side="right", method=method)
+    return jnp.minimum(index, cumulative_weights.shape[0] - 1).astype(jnp.int32)
