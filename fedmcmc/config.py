@@ -60,6 +60,11 @@ from typing import Any, Dict, List, Literal, Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .model import Model
+from .algorithm import Algorithm
+from .federation import Federation
+from .api import ENGINES
+
 __all__ = [
     "ConfigError",
     "ExperimentConfig",
@@ -173,8 +178,6 @@ class ExperimentConfig(_Strict):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, value):
-        from .api import ENGINES
-
         if value not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {value!r}")
         return value
@@ -249,8 +252,6 @@ def _gaussian_mean_model(dim: int = 2, prior_mean: float = 0.0, prior_cov: float
     """
     import jax.numpy as jnp
 
-    from .model import Model
-
     dim = int(dim)
     prior_cov, noise_cov = float(prior_cov), float(noise_cov)
     if not (dim >= 1 and prior_cov > 0 and noise_cov > 0):
@@ -285,8 +286,6 @@ def _linear_regression_model(dim: int = 3, prior_precision: float = 1.0, noise_s
     Example ``{"x": (dim,), "y": ()}``, as in the model zoo's ``linear_regression``.
     """
     import jax.numpy as jnp
-
-    from .model import Model
 
     dim = int(dim)
     prior_precision, noise_std = float(prior_precision), float(noise_std)
@@ -390,8 +389,6 @@ def resolve_algorithm_class(name: str, field: str = "algorithms.name"):
     """The algorithm class ``name`` on the ``fedmcmc`` namespace; ``ConfigError`` lists what exists."""
     import fedmcmc as fm
 
-    from .algorithm import Algorithm
-
     available = sorted(
         n for n in dir(fm)
         if inspect.isclass(getattr(fm, n)) and issubclass(getattr(fm, n), Algorithm)
@@ -465,8 +462,6 @@ def _call_factory(factory, params: dict, data, field: str):
 
 
 def _split_factory_output(value, field: str):
-    from .model import Model
-
     if isinstance(value, Model):
         return value, None, None
     if isinstance(value, tuple) and 2 <= len(value) <= 3 and isinstance(value[0], Model):
@@ -539,8 +534,6 @@ _NOT_PARTITIONS = {"from_indices", "delayed_communication_data"}
 
 
 def _partition(data, section: PartitionSection):
-    from .federation import Federation
-
     try:
         module = importlib.import_module("fedmcmc.partition")
     except ImportError:
@@ -629,8 +622,6 @@ def _init_from(value):
 
 def build_experiment(config: ExperimentConfig) -> Experiment:
     """Resolve a validated config into model, federation, init and algorithm instances."""
-    from .federation import Federation
-
     base_dir = getattr(config, "_base_dir", Path.cwd())
     name = config.model.name
     params = dict(config.model.params)

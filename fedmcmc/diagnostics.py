@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 __all__ = [
+    "bias_estimate",
     "ess",
     "rhat",
     "wasserstein_marginal",
@@ -247,3 +248,34 @@ def compare(x: Any, reference: Any, max_points: int = 1000, seed: int = 0) -> Di
         "mean_abs_error": float(np.max(np.abs(a.mean(axis=0) - b.mean(axis=0)))),
         "sd_rel_error": float(np.max(np.abs(a.std(axis=0) / np.where(sd_ref > 0, sd_ref, 1.0) - 1.0))),
     }
+
+
+def bias_estimate(average: np.ndarray, global_gradient: np.ndarray,
+                  laplace_cov: Optional[np.ndarray]) -> Optional[dict]:
+    """The network average's bias estimated from the run alone (``info["bias_estimate"]``).
+
+    Under the posterior the total energy's gradient has mean zero (E_pi[grad U] = 0, an
+    integration by parts); at the network average it has mean about A (E[w_bar] - posterior
+    mean) (second order in the spread, see :mod:`fedmcmc.decentralised.tuning`). So
+    ``Sigma mean_k grad U(w_bar_k)`` estimates the bias, with ``Sigma`` the Laplace
+    covariance (the draws' covariance when there is none), reported in posterior sds with
+    its Monte Carlo standard error (ArviZ's ``mcse`` of the mean, from the effective sample
+    size). Needs ``gradient_error=True``
+    (the engine evaluates every agent's full gradient at w_bar per kept draw).
+    """
+    import arviz  # heavy to import; only this summary needs it
+
+    chains, kept, dim = average.shape
+    if kept < 20:
+        return None
+    covariance = laplace_cov
+    if covariance is None:
+        covariance = np.atleast_2d(np.cov(average.reshape(-1, dim), rowvar=False))
+    sd = np.sqrt(np.diag(covariance))
+    values = np.einsum("ij,ckj->cki", covariance, global_gradient.astype(np.float64)) / sd
+    estimate = values.mean(axis=(0, 1))
+    standard_error = np.asarray(
+        [float(arviz.mcse(values[:, :, j], method="mean")) for j in range(dim)])
+    ess = np.asarray([float(arviz.ess(values[:, :, j], method="bulk")) for j in range(dim)])
+    return {"in_sd": estimate.tolist(), "standard_error": standard_error.tolist(),
+            "ess": ess.tolist()}

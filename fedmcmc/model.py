@@ -18,11 +18,12 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 PyTree = Any
 
-__all__ = ["Model", "FlatModel"]
+__all__ = ["Model", "FlatModel", "unravel_draws_numpy"]
 
 
 class Model:
@@ -171,3 +172,18 @@ class FlatModel:
         flat = draws.reshape((-1, self.dim))
         tree = jax.vmap(self.unravel)(flat)
         return jax.tree_util.tree_map(lambda leaf: leaf.reshape(lead + leaf.shape[1:]), tree)
+
+
+def unravel_draws_numpy(flat_model, draws: np.ndarray):
+    """``flat_model.unravel_draws`` in NumPy: slices of the flat axis reshaped to each leaf
+    (``ravel_pytree`` concatenates the leaves in ``tree_leaves`` order). Avoids compiling
+    small XLA programs for what is only slicing."""
+    template = jax.eval_shape(flat_model.unravel, jax.ShapeDtypeStruct((flat_model.dim,), flat_model.dtype))
+    leaves, treedef = jax.tree_util.tree_flatten(template)
+    lead = draws.shape[:-1]
+    out, offset = [], 0
+    for leaf in leaves:
+        size = int(np.prod(leaf.shape, dtype=np.int64))
+        out.append(draws[..., offset:offset + size].reshape(lead + tuple(leaf.shape)).astype(leaf.dtype))
+        offset += size
+    return jax.tree_util.tree_unflatten(treedef, out)

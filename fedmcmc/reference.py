@@ -42,6 +42,7 @@ from jax.flatten_util import ravel_pytree
 from .algorithm import check_positive_int
 from .federation import Federation
 from .model import Model
+from . import diagnostics
 
 __all__ = ["ReferencePosterior", "reference_posterior", "cache_dir"]
 
@@ -317,7 +318,6 @@ def _nuts(model, init, data, num_samples, num_warmup, chains, seed, progress) ->
     acceptance = np.asarray(accept).mean(axis=1).tolist()
     stacked = np.stack(all_draws)  # (chains, n, dim)
     draws = stacked.reshape(-1, stacked.shape[-1])
-    from . import diagnostics
 
     ess = diagnostics.ess(stacked)
     rhat = diagnostics.rhat(stacked) if num_samples >= 4 and chains > 1 else np.full(ess.shape, np.nan)

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from . import diagnostics
+from .results import flatten_names
 
 __all__ = ["coordinate_names", "summarise", "error_curve", "write_report", "json_safe"]
 
@@ -51,8 +52,6 @@ def json_safe(value: Any, max_size: int = 10_000) -> Any:
 
 def coordinate_names(init) -> List[str]:
     """One name per flat coordinate: ``mu[0]``, ``w[1, 2]``, ``b`` (a scalar leaf)."""
-    from .results import flatten_names
-
     names = []
     for leaf_name, leaf in flatten_names(init).items():
         leaf = np.asarray(leaf)

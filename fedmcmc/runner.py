@@ -31,6 +31,9 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import numpy as np
 
 from .config import ConfigError, ExperimentConfig, build_experiment, load_config
+from .results import Result
+from .checkpoint import Checkpointer, load_checkpoint
+from .report import coordinate_names, flat_draws, json_safe, summarise, write_report
 
 __all__ = ["RunOutcome", "run_experiment"]
 
@@ -91,8 +94,6 @@ def _accepts(function, name: str) -> bool:
 def _result_from_arrays(experiment, name, draws, stats, info):
     import jax.numpy as jnp
 
-    from .results import Result
-
     flat_model = experiment.model.flatten(experiment.init)
     if draws.shape[1] == 0:
         samples = flat_model.unravel_draws(jnp.zeros((draws.shape[0], 0, flat_model.dim)))
@@ -130,9 +131,6 @@ def run_experiment(
 ) -> RunOutcome:
     """Run a config; see the module docstring for what is written. Raises ``ConfigError``."""
     import fedmcmc as fm
-
-    from .checkpoint import Checkpointer, load_checkpoint
-    from .report import coordinate_names, flat_draws, json_safe, summarise, write_report
 
     console = _Console(quiet)
     if not isinstance(config, ExperimentConfig):

@@ -7,11 +7,12 @@ returns the step size h_t; a plain float is the constant schedule.
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import jax.numpy as jnp
 
-__all__ = ["constant", "polynomial", "piecewise_constant", "as_schedule", "StepSize", "describe_step_size"]
+__all__ = ["constant", "polynomial", "piecewise_constant", "as_schedule", "StepSize", "describe_step_size",
+           "decaying_schedule"]
 
 StepSize = Union[float, Callable]
 
@@ -66,3 +67,17 @@ def as_schedule(step_size: StepSize, argument: str = "step_size") -> Callable:
 def describe_step_size(step_size):
     """A step size as ``result.info`` records it: the number, ``"auto"``, or a schedule's name."""
     return step_size if not callable(step_size) else getattr(step_size, "__name__", "schedule")
+
+
+def decaying_schedule(step_size, decay_every: Optional[int], decay_factor: float) -> Callable:
+    """``step_size`` (a number or schedule) multiplied by ``decay_factor`` every ``decay_every``
+    iterations (DULA/GT-DULA's optional decay; ``None``: no decay)."""
+    schedule = as_schedule(step_size)
+    if decay_every is None:
+        return schedule
+    every = int(decay_every)
+
+    def decayed(t):
+        return schedule(t) * jnp.asarray(decay_factor, jnp.float32) ** (t // every)
+
+    return decayed

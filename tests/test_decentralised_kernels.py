@@ -278,7 +278,7 @@ def test_bad_arguments_raise_value_errors_naming_them():
 
 
 def test_decaying_step_size_and_divergence():
-    from fedmcmc.decentralised.algorithms import decaying_schedule
+    from fedmcmc.schedules import decaying_schedule
 
     schedule = decaying_schedule(1e-3, 10, 0.1)
     assert [float(schedule(t)) for t in (0, 9, 10, 25)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-5])

@@ -204,3 +204,54 @@ def test_sghmc_on_ray_equals_the_in_process_run(sghmc_local, tmp_path_factory):
                                rtol=0, atol=1e-5)
     np.testing.assert_array_equal(on_ray.sample_stats["client"],
                                   sghmc_local.sample_stats["client"][:, :60])
+
+
+# --------------------------------------------------------------------- failures, in-process
+
+def _dsgld_protocol_run(**options):
+    algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
+    return sample_protocol(algorithm.handoff_protocol(), MODEL, equal_mean_federation(),
+                           engine="local", init=jnp.zeros(DIM), num_samples=60, burn_in=0,
+                           thin=5, chains=3, seed=7, **options)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    return _dsgld_protocol_run()
+
+
+def test_a_crashed_client_stops_the_run_and_keeps_the_draws(uninterrupted):
+    """Fault injection is a transport wrapper (engines.comm.FaultInjectingTransport), so the
+    failure handling of the protocol engine is tested without Ray."""
+    from fedmcmc.engines.comm import ClientFailureError
+
+    with pytest.raises(ClientFailureError) as caught:
+        _dsgld_protocol_run(fault_injection={"client": 3, "after_visits": 4, "kind": "exit"})
+    error = caught.value
+    assert error.client == 3 and "died" in error.reason
+    kept = error.result.flat_samples()
+    made = np.isfinite(kept).all(axis=-1)
+    assert 0 < made.sum() < 3 * 60
+    np.testing.assert_array_equal(kept[made], uninterrupted.flat_samples()[made])
+
+
+def test_a_dropped_client_renormalises_the_weights(uninterrupted):
+    result = _dsgld_protocol_run(on_client_failure="drop",
+                                 fault_injection={"client": 3, "after_visits": 4, "kind": "exit"})
+    info = result.info
+    assert info["dropped_clients"] == [3] and info["target_changed"] is True
+    weights = np.asarray(info["weights_after_drop"])
+    expected = np.asarray(SIZES, float)
+    expected[3] = 0.0
+    np.testing.assert_allclose(weights, expected / expected.sum(), rtol=1e-6)
+    assert np.isfinite(result.flat_samples()).all()
+    # the client served its 4 visits (2 draws each) and no more
+    assert (result.sample_stats["client"] == 3).sum() <= 4 * 2
+
+
+def test_a_hung_client_times_out():
+    result = _dsgld_protocol_run(on_client_failure="drop", visit_timeout=0.5,
+                                 fault_injection={"client": 1, "after_visits": 2, "kind": "hang",
+                                                  "seconds": 600})
+    assert result.info["dropped_clients"] == [1]
+    assert "visit_timeout" in result.info["client_failures"][0]["reason"]

@@ -59,6 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .problems import Laplace, ProblemInstance
+from ..decentralised import graphs
 
 __all__ = ["Budget", "Entry", "Plan", "ALGORITHMS", "names", "lookup_class", "plan"]
 
@@ -188,8 +189,6 @@ def _rows_every_client(ctx: Context) -> float:
 
 def _graph_eigenvalues(num_agents: int) -> Tuple[float, float]:
     """(lambda_2, lambda_n) of the default ring's Laplacian."""
-    from ..decentralised import graphs
-
     topo = graphs.topology("ring", num_agents, {})
     return float(topo.lambda_2), float(topo.lambda_n)
 

@@ -39,8 +39,10 @@ import numpy as np
 from ..algorithm import Algorithm, check_positive_float, check_positive_int
 from ..checkpoint import restore_states, split_run_options
 from ..engines.local import default_chunk_size, run_chains
-from ..schedules import as_schedule
+from ..diagnostics import bias_estimate
+from ..model import unravel_draws_numpy
 from ..results import Result, SamplingDivergedError
+from ..schedules import decaying_schedule
 from . import graphs as graph_module
 from . import kernels, tuning
 
@@ -101,33 +103,6 @@ def _check_graph(graph: Any) -> Any:
         f"graph must be one of {graph_module.GRAPH_NAMES} or a networkx graph, "
         f"got {type(graph).__name__}"
     )
-
-
-def decaying_schedule(step_size: Any, decay_every: Optional[int], decay_factor: float):
-    schedule = as_schedule(step_size)
-    if decay_every is None:
-        return schedule
-    every = int(decay_every)
-
-    def decayed(t):
-        return schedule(t) * jnp.asarray(decay_factor, jnp.float32) ** (t // every)
-
-    return decayed
-
-
-def unravel_draws_numpy(flat_model, draws: np.ndarray):
-    """``flat_model.unravel_draws`` in NumPy: slices of the flat axis reshaped to each leaf
-    (``ravel_pytree`` concatenates the leaves in ``tree_leaves`` order). Avoids compiling
-    small XLA programs for what is only slicing."""
-    template = jax.eval_shape(flat_model.unravel, jax.ShapeDtypeStruct((flat_model.dim,), flat_model.dtype))
-    leaves, treedef = jax.tree_util.tree_flatten(template)
-    lead = draws.shape[:-1]
-    out, offset = [], 0
-    for leaf in leaves:
-        size = int(np.prod(leaf.shape, dtype=np.int64))
-        out.append(draws[..., offset:offset + size].reshape(lead + tuple(leaf.shape)).astype(leaf.dtype))
-        offset += size
-    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def _chunk_size(total: int) -> int:
@@ -529,37 +504,6 @@ def _prediction_info(settings: Settings, tolerance: float) -> dict:
         "predicted_consensus_error": prediction.consensus_error,
         "iterations_per_effective_draw": prediction.iterations_per_effective_draw,
     }
-
-
-def bias_estimate(average: np.ndarray, global_gradient: np.ndarray,
-                  laplace_cov: Optional[np.ndarray]) -> Optional[dict]:
-    """The network average's bias estimated from the run alone (``info["bias_estimate"]``).
-
-    Under the posterior the total energy's gradient has mean zero (E_pi[grad U] = 0, an
-    integration by parts); at the network average it has mean about A (E[w_bar] - posterior
-    mean) (second order in the spread, see :mod:`fedmcmc.decentralised.tuning`). So
-    ``Sigma mean_k grad U(w_bar_k)`` estimates the bias, with ``Sigma`` the Laplace
-    covariance (the draws' covariance when there is none), reported in posterior sds with
-    its Monte Carlo standard error (ArviZ's ``mcse`` of the mean, from the effective sample
-    size). Needs ``gradient_error=True``
-    (the engine evaluates every agent's full gradient at w_bar per kept draw).
-    """
-    import arviz  # heavy to import; only this summary needs it
-
-    chains, kept, dim = average.shape
-    if kept < 20:
-        return None
-    covariance = laplace_cov
-    if covariance is None:
-        covariance = np.atleast_2d(np.cov(average.reshape(-1, dim), rowvar=False))
-    sd = np.sqrt(np.diag(covariance))
-    values = np.einsum("ij,ckj->cki", covariance, global_gradient.astype(np.float64)) / sd
-    estimate = values.mean(axis=(0, 1))
-    standard_error = np.asarray(
-        [float(arviz.mcse(values[:, :, j], method="mean")) for j in range(dim)])
-    ess = np.asarray([float(arviz.ess(values[:, :, j], method="bulk")) for j in range(dim)])
-    return {"in_sd": estimate.tolist(), "standard_error": standard_error.tolist(),
-            "ess": ess.tolist()}
 
 
 #: the bias warning needs this effective sample size (below it the standard error is unreliable)

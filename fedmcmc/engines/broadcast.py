@@ -43,7 +43,8 @@ import numpy as np
 
 from ..federation import Federation
 from ..progress import progress_bar
-from .comm import ClientEndpoint, ClientFailure, ClientFailureError, Transport, describe_federation
+from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, Transport,
+                   describe_federation, with_fault_injection)
 
 __all__ = ["PDMPWorker", "RemoteWorkers", "BroadcastDraw", "run_remote_chains", "sample_pdmp"]
 
@@ -60,14 +61,8 @@ class PDMPWorker(ClientEndpoint):
 
     ``source``: the worker's data or its loader (called here, in the worker's process)."""
 
-    def __init__(self, index: int, source: Any, model, init: Any,
-                 fault_injection: Optional[dict] = None):
+    def __init__(self, index: int, source: Any, model, init: Any):
         super().__init__(index, source)
-        # testing only: {"client": m, "after_visits": k, "kind": "exit" | "hang"[, "seconds": t]}
-        # makes this worker die (os._exit) or hang at its (k+1)-th proposal
-        self._fault = fault_injection if fault_injection and \
-            int(fault_injection.get("client", -1)) == self.index else None
-        self._proposals = 0
         with jax.enable_x64(True):
             init64 = _f64(init)
             self.flat_model = model.flatten(init64)
@@ -138,13 +133,6 @@ class PDMPWorker(ClientEndpoint):
     # -- sampling messages
     def propose(self, key_data, x, v, cap, alpha, scale):
         """Its first event time for every chain (``(chains, ...)`` arrays in, proposals out)."""
-        self._proposals += 1
-        if self._fault is not None and self._proposals > int(self._fault.get("after_visits", 0)):
-            if self._fault.get("kind", "exit") == "exit":
-                import os
-
-                os._exit(1)
-            time.sleep(float(self._fault.get("seconds", 3600)))
         with jax.enable_x64(True):
             out = self._propose(jnp.asarray(key_data), jnp.asarray(x), jnp.asarray(v),
                                 jnp.asarray(cap), jnp.asarray(alpha), jnp.asarray(scale))
@@ -461,10 +449,11 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
             "redistribution_rate > 0 (dropping a worker would bias the remaining ones' "
             "shifted potentials); use on_client_failure='stop'")
     M = federation.num_clients
-    fault = options.get("fault_injection")
     sources = federation.client_sources()
-    specs = [(PDMPWorker, (m, sources[m], model, init, fault)) for m in range(M)]
-    transport = make_transport(specs)
+    specs = [(PDMPWorker, (m, sources[m], model, init)) for m in range(M)]
+    # fault_injection (tests only): the transport makes one worker crash or hang at a proposal
+    transport = with_fault_injection(make_transport(specs), options.get("fault_injection"),
+                                     "propose")
     try:
         # from_loaders: the workers loaded their rows themselves and report their sizes
         federation = describe_federation(transport, federation, model, init)

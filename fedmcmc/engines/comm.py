@@ -42,6 +42,8 @@ __all__ = [
     "ClientEndpoint",
     "describe_federation",
     "call_all",
+    "FaultInjectingTransport",
+    "with_fault_injection",
 ]
 
 
@@ -271,3 +273,118 @@ def describe_federation(transport: "Transport", federation: Federation, model, i
     described = DescribedFederation(federation, call_all(transport, "describe"))
     model.check_params(init, described.example(), argument="init")
     return described
+
+
+class FaultInjectingTransport(Transport):
+    """A transport that makes one client fail on purpose, for the tests of failure handling.
+
+    Wraps any transport (in-process or Ray) and leaves it untouched except for ``client``'s
+    calls of ``method``: the first ``after`` are delivered; from the next one on,
+    ``kind="exit"`` kills the client (``transport.kill``: on Ray its process ends, as in a
+    crash) and the call fails with "actor died", and ``kind="hang"`` never answers (the call
+    is reported not ready for ``seconds``, then fails). The engines' failure handling (stop or
+    drop, per-visit timeouts) sees exactly what a crashed or stuck client would give it, and
+    the client classes carry no test code.
+
+    ``fault`` is the engine option ``fault_injection``: ``{"client": s, "after_visits": k,
+    "kind": "exit" | "hang"[, "seconds": t]}``.
+    """
+
+    def __init__(self, inner: Transport, fault: Dict[str, Any], method: str):
+        # no Transport.__init__: the accounting is the inner transport's
+        self.inner = inner
+        self.client = int(fault["client"])
+        self.after = int(fault.get("after_visits", 0))
+        self.kind = str(fault.get("kind", "exit"))
+        if self.kind not in ("exit", "hang"):
+            raise ValueError(f"fault_injection kind must be 'exit' or 'hang', got {self.kind!r}")
+        self.seconds = float(fault.get("seconds", 3600.0))
+        self.method = method
+        self.calls = 0
+
+    # accounting and attributes are the inner transport's
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def audit(self):
+        return self.inner.audit
+
+    @audit.setter
+    def audit(self, value):
+        self.inner.audit = value
+
+    @property
+    def num_clients(self):
+        return self.inner.num_clients
+
+    def info(self) -> Dict[str, Any]:
+        return self.inner.info()
+
+    def record(self, direction: str, client: int, method: str, payload: Any) -> None:
+        self.inner.record(direction, client, method, payload)
+
+    def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
+        if client == self.client and method == self.method:
+            self.calls += 1
+            if self.calls > self.after:
+                self.inner.record("to_clients", client, method, args)
+                if self.kind == "exit":
+                    self.inner.kill(client)
+                    return Pending(client, method, _InjectedFault("actor died (fault injection: "
+                                                                  "the client's process ended)"),
+                                   tag)
+                return Pending(client, method, _InjectedFault(
+                    f"hung for {self.seconds:g} s (fault injection)", self.seconds), tag)
+        return self.inner.call(client, method, *args, tag=tag)
+
+    def wait(self, pendings, timeout):
+        pendings = list(pendings)
+        injected = [p for p in pendings if isinstance(p.handle, _InjectedFault)]
+        others = [p for p in pendings if not isinstance(p.handle, _InjectedFault)]
+        now = time.perf_counter()
+        due = [p for p in injected if p.handle.ready_at(p.sent_at) <= now]
+        hung = [p for p in injected if p not in due]
+        if due:
+            return due, others + hung
+        if others:
+            ready, waiting = self.inner.wait(others, timeout)
+            return ready, waiting + hung
+        # only hung calls: nothing answers before the timeout (or before they fail)
+        first = min(p.handle.ready_at(p.sent_at) for p in hung)
+        pause = first - now if timeout is None else min(timeout, first - now)
+        time.sleep(max(0.0, pause))
+        return self.wait(hung, 0.0) if time.perf_counter() >= first else ([], hung)
+
+    def result(self, pending: Pending) -> Any:
+        if isinstance(pending.handle, _InjectedFault):
+            raise ClientFailure(pending.client, pending.handle.reason)
+        return self.inner.result(pending)
+
+    def alive(self, client: int) -> bool:
+        return self.inner.alive(client)
+
+    def kill(self, client: int) -> None:
+        self.inner.kill(client)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _InjectedFault:
+    """The handle of a call :class:`FaultInjectingTransport` made fail."""
+
+    __slots__ = ("reason", "delay")
+
+    def __init__(self, reason: str, delay: float = 0.0):
+        self.reason, self.delay = reason, float(delay)
+
+    def ready_at(self, sent_at: float) -> float:
+        return sent_at + self.delay
+
+
+def with_fault_injection(transport: Transport, fault: Optional[Dict[str, Any]],
+                         method: str) -> Transport:
+    """``transport`` wrapped in :class:`FaultInjectingTransport` when the engine option
+    ``fault_injection`` is set (tests only), else ``transport`` itself."""
+    return FaultInjectingTransport(transport, fault, method) if fault else transport

@@ -31,7 +31,6 @@ rounding of the data layout), which the tests check.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
@@ -44,7 +43,7 @@ from ..progress import progress_bar
 from ..protocols import ClientContext, HandoffProtocol, ServerSide, draw_client
 from ..results import Result, SamplingDivergedError
 from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
-                   Transport, call_all, describe_federation)
+                   Transport, call_all, describe_federation, with_fault_injection)
 from .local import iteration_key
 from .options import check_engine_options
 
@@ -60,8 +59,7 @@ class HandoffClient(ClientEndpoint):
 
     ``source``: the client's data or its loader (called here, in the client's process).
     ``protocol``: the :class:`~fedmcmc.protocols.HandoffProtocol` (pickled to the client).
-    ``spec`` (plain dict): ``seed``, ``chains``, ``thin``, ``num_clients`` and, in tests
-    only, ``fault_injection``.
+    ``spec`` (plain dict): ``seed``, ``chains``, ``thin``, ``num_clients``.
     """
 
     def __init__(self, index: int, source: Any, model, init: Any, protocol: HandoffProtocol,
@@ -87,7 +85,6 @@ class HandoffClient(ClientEndpoint):
         )
         self.parameters: Dict[str, Any] = {}
         self._visit = None
-        self._visits_served = 0
 
     def describe(self):
         return describe_client(self._raw_data)
@@ -124,12 +121,6 @@ class HandoffClient(ClientEndpoint):
         """
         thin = self.spec["thin"]
         steps = self.protocol.local_steps
-        self._visits_served += 1
-        fault = self.spec.get("fault_injection")
-        if fault and fault["client"] == self.index and self._visits_served > fault["after_visits"]:
-            if fault["kind"] == "exit":  # the actor's process dies mid-run
-                os._exit(1)
-            time.sleep(fault.get("seconds", 3600.0))  # "hang": never answers in time
         # NumPy arguments: no eager JAX op per call (each costs ~1 ms on a loaded machine)
         final, positions = self._visit(
             np.int32(chain), tuple(np.asarray(leaf) for leaf in carry), np.int32(iteration),
@@ -431,15 +422,14 @@ def sample_handoff(
     num_clients = federation.num_clients
     spec = {"seed": int(seed), "chains": int(chains), "thin": int(thin),
             "num_clients": num_clients}
-    if fault_injection:
-        spec["fault_injection"] = dict(fault_injection)
     info = dict(info or {})
     info.update(engine=engine_label, local_steps=protocol.local_steps, num_clients=num_clients,
                 on_client_failure=on_client_failure, visit_timeout=visit_timeout)
     sources = federation.client_sources()
     specs = [(HandoffClient, (s, sources[s], model, init, protocol, spec))
              for s in range(num_clients)]
-    transport = make_transport(specs)
+    # fault_injection (tests only): the transport makes one client crash or hang
+    transport = with_fault_injection(make_transport(specs), fault_injection, "visit")
     try:
         # from_loaders: each client loaded its rows in its own process; the driver learns
         # their sizes (hence the default f_s) from the clients' descriptions

@@ -46,6 +46,11 @@ from ..minibatch import likelihood_gradient, take_minibatch
 from ..progress import progress_bar
 from .comm import ClientEndpoint, ClientFailureError, describe_federation
 from .local import iteration_key
+from ..diagnostics import bias_estimate
+from ..model import unravel_draws_numpy
+from ..results import Result, SamplingDivergedError
+from ..schedules import decaying_schedule
+from .options import check_engine_options
 
 __all__ = ["AgentClient", "sample_decentralised"]
 
@@ -56,8 +61,6 @@ class AgentClient(ClientEndpoint):
     ``source``: the agent's data or its loader (called here, in the agent's process)."""
 
     def __init__(self, index: int, source: Any, model, init: Any, spec: Dict[str, Any]):
-        from ..decentralised.algorithms import decaying_schedule
-
         super().__init__(index, source)
         self.spec = dict(spec)
         flat = model.flatten(init)
@@ -171,8 +174,6 @@ class AgentClient(ClientEndpoint):
 def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
                          chains, seed, progress=None, **options):
     """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``)."""
-    from ..results import Result
-    from .options import check_engine_options
     from .ray_engine import RayTransport, ray_session
     from .ray_security import session_authentication
 
@@ -319,8 +320,6 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
                      transport)
     result.info.update(authentication)
     if spread_stop is not None:
-        from ..results import SamplingDivergedError
-
         draw, errors = spread_stop
         bad = ~np.isfinite(errors)
         if spread_limit is not None:
@@ -342,8 +341,6 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
             f"{(draw + 1) * thin}: {cause}. The draws made before are in error.result",
             result, stopped, details)
     if global_gradient is not None and done > burn_in:
-        from ..decentralised.algorithms import bias_estimate
-
         estimate = bias_estimate(draws[:, burn_in:done].astype(np.float64),
                                  global_gradient[:, burn_in:done],
                                  getattr(algorithm, "laplace_cov", None))
@@ -361,9 +358,6 @@ def _failure(client: Optional[int], reason: str) -> ClientFailureError:
 
 def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done, burn_in,
             thin, chains, topo, neighbours, floats_per_message, started, transport):
-    from ..decentralised.algorithms import unravel_draws_numpy
-    from ..results import Result
-
     iterations = done * thin
     directed = sum(len(nb) for nb in neighbours)
     between = iterations * directed

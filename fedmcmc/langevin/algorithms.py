@@ -34,6 +34,8 @@ from . import estimators
 from .estimators import conducive_gradient_from_terms, conducive_terms, draw_minibatch, dsgld_gradient
 from .handoff import DSGLDProtocol, FSGLDProtocol
 from ..schedules import as_schedule, describe_step_size
+from ..engines.handoff import sample_on_ray
+from .estimators import estimator_moments
 
 __all__ = ["SGLD", "DSGLD", "FSGLD", "StepSizeWarning"]
 
@@ -443,8 +445,6 @@ class DSGLD(_LangevinAlgorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         if engine == "ray":
-            from ..engines.handoff import sample_on_ray
-
             if self.step_size == "auto":
                 raise ValueError(
                     f"step_size='auto' is not available for {self.name} on engine='ray' yet: "
@@ -657,8 +657,6 @@ class FSGLD(DSGLD):
         by the estimator's noise at the centre, tr C. Each client s computes the d + 1 moments of
         its own estimator (``estimators.estimator_moments``, key ``fold_in(fold_in(key, 7), s)``)
         -- on the Ray engine in its actor, from its own data -- and tr C follows from them."""
-        from .estimators import estimator_moments
-
         base = jax.random.fold_in(key, 7)
         clients = jnp.arange(weights.shape[0], dtype=jnp.int32)
 

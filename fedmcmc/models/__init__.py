@@ -47,6 +47,7 @@ from .nn import lenet5, mlp_classifier
 from .synthetic import delayed_communication_data
 from .pdmp_examples import ar1_data, ar1_student_t, lgcp, lgcp_data
 from ..rng import numpy_generator
+from ._common import as_matrix, as_vector
 
 _REGISTRY: Dict[str, Callable[..., Model]] = {
     "gaussian_mean": gaussian_mean,
@@ -89,8 +90,6 @@ def get(name: str, **kwargs) -> Model:
 
 def _gaussian_mean_data(model_params, num_examples=1000, mean=1.0, seed=0):
     import numpy as np
-
-    from ._common import as_matrix, as_vector
 
     dim = int(model_params.get("dim", 2))
     cov = as_matrix(model_params.get("noise_cov", 1.0), dim, "noise_cov")

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..algorithm import check_positive_float
 from ..algorithm import check_positive_int as positive_int
+from ..federation import Federation
 
 PyTree = Any
 
@@ -59,8 +60,6 @@ def positive_float(value: Any, argument: str, allow_none: bool = False) -> Optio
 
 def pooled(data: Any) -> PyTree:
     """The rows of ``data``: a pytree with a leading example axis, or a Federation (pooled)."""
-    from ..federation import Federation
-
     if isinstance(data, Federation):
         return data.pooled()
     return data

@@ -52,6 +52,9 @@ from .output import ess_from_batch_sums
 from .setup import LocalWorkers
 from .single import make_reference
 from .zigzag import ZigZagSpec
+from ..engines.options import check_engine_options
+from ..engines.broadcast import sample_pdmp
+from ..engines.comm import ClientFailureError
 
 __all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError"]
 
@@ -235,8 +238,6 @@ class _FedPDMP(Algorithm):
         in the dtype of ``init`` (the draws of ``result.samples``).
         """
         if engine == "ray":
-            from ..engines.options import check_engine_options
-
             engine_options = check_engine_options(options, self.name)
         else:
             run_options = split_run_options(options, self.name)
@@ -270,9 +271,6 @@ class _FedPDMP(Algorithm):
                             make_transport, engine_label, engine_options):
         """One endpoint per worker (``engines/broadcast.py``): the workers simulate their own
         event times on their own data; the server gathers and applies the earliest."""
-        from ..engines.broadcast import sample_pdmp
-        from ..engines.comm import ClientFailureError
-
         d = model.flatten(init).dim
         accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
         options = dict(engine_options)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from .bps import reflect
 from .dynamics import elliptic_flow, elliptic_integrals
+from .single import build_single_kernel
 
 __all__ = ["BoomerangSpec", "build_kernel"]
 
@@ -76,7 +77,5 @@ class BoomerangSpec:
 def build_kernel(logdensity_fn, reference, *, hessian_bound=None, refresh_rate=0.1):
     """Single-machine Boomerang kernel with reference ``(mean, cov)``; see
     :func:`fedmcmc.pdmp.single.build_single_kernel`."""
-    from .single import build_single_kernel
-
     return build_single_kernel(BoomerangSpec, logdensity_fn, hessian_bound=hessian_bound,
                                exact=False, refresh_rate=refresh_rate, reference=reference)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .dynamics import linear_flow, linear_integrals
+from .single import build_single_kernel
 
 __all__ = ["BPSSpec", "build_kernel", "reflect"]
 
@@ -80,7 +81,5 @@ class BPSSpec:
 def build_kernel(logdensity_fn, *, hessian_bound=None, exact=False, refresh_rate=1.0):
     """Single-machine BPS kernel (``init``, ``step`` to the next skeleton point); see
     :func:`fedmcmc.pdmp.single.build_single_kernel`."""
-    from .single import build_single_kernel
-
     return build_single_kernel(BPSSpec, logdensity_fn, hessian_bound=hessian_bound,
                                exact=exact, refresh_rate=refresh_rate)

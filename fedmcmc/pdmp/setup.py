@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from .bounds import auto_worker_bounds, whitened_bound, worker_hessian_bounds
 
 __all__ = ["federated_newton", "newton", "worker_gradients", "worker_summaries", "LocalWorkers"]
 
@@ -35,8 +36,6 @@ def worker_summaries(flat_model, padded, *, mode, safety, theta0, hessian_bound=
     * ``coords (M, d)``: the coordinates its potential depends on (Remark 3.1);
     * ``g_ref (M, d)``: its gradient at the control-variate point ``x_star`` (Remark 4.3).
     """
-    from .bounds import auto_worker_bounds, whitened_bound, worker_hessian_bounds
-
     d = flat_model.dim
     M = padded.mask.shape[0]
     if mode == "hessian":

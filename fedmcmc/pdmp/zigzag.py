@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from .dynamics import linear_flow, linear_integrals
+from .single import build_single_kernel
 
 __all__ = ["ZigZagSpec", "build_kernel"]
 
@@ -86,7 +87,5 @@ def build_kernel(logdensity_fn, *, hessian_bound=None, exact=False, excess_rate=
 
     See :func:`fedmcmc.pdmp.single.build_single_kernel` for the arguments.
     """
-    from .single import build_single_kernel
-
     return build_single_kernel(ZigZagSpec, logdensity_fn, hessian_bound=hessian_bound,
                                exact=exact, refresh_rate=excess_rate)
