@@ -31,7 +31,8 @@ import jax.numpy as jnp
 from .events import affine_first_time
 from ..rng import exponential64, split_key, uniform64
 
-__all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "build"]
+__all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "WorkerProposal",
+           "ThinningCarry", "build"]
 
 PyTree = Any
 EXCESS = 1
@@ -83,6 +84,42 @@ class FedConfig:
     burn_in: int = 0
     rate_diagnostics: bool = True
     has_excess: bool = False  # some worker has rho > 0 (static: skips the clock otherwise)
+
+
+class WorkerProposal(NamedTuple):
+    """A worker's answer to one event iteration (Algorithm 3): its first event time and what
+    the server needs to apply it. Leaves have a leading axis per worker (and per chain) once
+    gathered."""
+
+    tau: jax.Array  # float64, first event time relative to the state's t (inf: none before cap)
+    kind: jax.Array  # int32, 0 (its own rate) or EXCESS (its rho clock)
+    channel: jax.Array  # int32, the rate channel (coordinate for Zig-Zag) that fired
+    gradient_at_event: jax.Array  # (d,) its gradient at the event point
+    scale: jax.Array  # its bound-enlargement factor after the thinning
+    proposals: jax.Array  # int32, thinning proposals made
+    rejections: jax.Array  # int32, proposals rejected
+    violations: jax.Array  # int32, bound violations met (each doubles the scale)
+    overflow: jax.Array  # bool, max_thinning reached without an answer
+
+
+class ThinningCarry(NamedTuple):
+    """The loop state of Algorithm 3's thinning (Poisson thinning with affine bounds
+    a + b (t - s) anchored at ``anchor_time``, re-anchored at every rejection)."""
+
+    key: jax.Array
+    anchor_time: jax.Array  # s: where the current bound was anchored
+    a: jax.Array  # (C,) bound intercepts per channel
+    b: jax.Array  # (C,) bound slopes per channel
+    horizon_end: jax.Array  # the current bound is trusted up to this time
+    scale: jax.Array
+    done: jax.Array  # bool
+    tau: jax.Array
+    kind: jax.Array
+    channel: jax.Array
+    gradient_at_event: jax.Array
+    proposals: jax.Array
+    rejections: jax.Array
+    violations: jax.Array
 
 
 class FedProtocol(NamedTuple):
@@ -141,7 +178,7 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
                         scale, slope_fn):
     """Algorithm 3 for one worker: its first event time tau_m before ``cap`` (or inf).
 
-    Returns ``(tau, kind, channel, g_event, scale, proposals, rejections, violations, overflow)``.
+    Returns a :class:`WorkerProposal`.
     """
     spec, ref = cfg.spec, cfg.reference
     C = spec.channels(cfg.dim)
@@ -172,18 +209,22 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
         tau = jnp.where(tau < cap, tau, jnp.inf)
         g_event = g0 + jnp.where(jnp.isfinite(tau), tau, 0.0) * hv  # exact: the gradient is affine
         one, zero_i = jnp.int32(1), jnp.int32(0)
-        return tau, kind, ch.astype(jnp.int32), g_event, scale, one, zero_i, zero_i, jnp.array(False)
+        return WorkerProposal(tau, kind, ch.astype(jnp.int32), g_event, scale, one, zero_i,
+                              zero_i, jnp.array(False))
     a0, b0 = anchor(x0, v0, g0, scale)
     zero = jnp.zeros((), jnp.float64)
-    init = (key, zero, a0, b0, zero + cfg.horizon, scale, jnp.array(False), zero + jnp.inf,
-            jnp.int32(0), jnp.int32(0), g0, jnp.int32(0), jnp.int32(0), jnp.int32(0))
+    init = ThinningCarry(
+        key=key, anchor_time=zero, a=a0, b=b0, horizon_end=zero + cfg.horizon, scale=scale,
+        done=jnp.array(False), tau=zero + jnp.inf, kind=jnp.int32(0), channel=jnp.int32(0),
+        gradient_at_event=g0, proposals=jnp.int32(0), rejections=jnp.int32(0),
+        violations=jnp.int32(0))
 
-    def cond(c):
-        return (~c[6]) & (c[11] < cfg.max_thinning)
+    def cond(c: ThinningCarry):
+        return (~c.done) & (c.proposals < cfg.max_thinning)
 
-    def body(c):
-        key, s, a, b, hend, sc, done, tau, kind, chan, gev, it, rej, viol = c
-        key, k1, k2, k3 = split_key(key, 4)
+    def body(c: ThinningCarry) -> ThinningCarry:
+        s, a, b, hend, sc = c.anchor_time, c.a, c.b, c.horizon_end, c.scale
+        key, k1, k2, k3 = split_key(c.key, 4)
         e = exponential64(k1, (C,))
         tc = affine_first_time(a, b, e)
         ch = jnp.argmin(tc)
@@ -212,26 +253,26 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
         an, bn = anchor(xe, ve, ge, sc)
         sc_new = jnp.where(violated, 2.0 * sc, sc)
         b_enlarged = jnp.where(b >= 0, 2.0 * b + 1e-12, 0.5 * b)
-        return (
-            key,
-            jnp.where(reanchor, t_safe, s),
-            jnp.where(reanchor, an, a),
-            jnp.where(reanchor, bn, jnp.where(violated, b_enlarged, b)),
-            jnp.where(reanchor, t_safe + cfg.horizon, hend),
-            sc_new,
-            capped | accept | is_excess,
-            jnp.where(accept | is_excess, t_prop, jnp.inf),
-            jnp.where(is_excess, EXCESS, 0).astype(jnp.int32),
-            ch.astype(jnp.int32),
-            ge,
-            it + 1,
-            rej + (reanchor & ~beyond).astype(jnp.int32),
-            viol + violated.astype(jnp.int32),
+        return ThinningCarry(
+            key=key,
+            anchor_time=jnp.where(reanchor, t_safe, s),
+            a=jnp.where(reanchor, an, a),
+            b=jnp.where(reanchor, bn, jnp.where(violated, b_enlarged, b)),
+            horizon_end=jnp.where(reanchor, t_safe + cfg.horizon, hend),
+            scale=sc_new,
+            done=capped | accept | is_excess,
+            tau=jnp.where(accept | is_excess, t_prop, jnp.inf),
+            kind=jnp.where(is_excess, EXCESS, 0).astype(jnp.int32),
+            channel=ch.astype(jnp.int32),
+            gradient_at_event=ge,
+            proposals=c.proposals + 1,
+            rejections=c.rejections + (reanchor & ~beyond).astype(jnp.int32),
+            violations=c.violations + violated.astype(jnp.int32),
         )
 
     out = jax.lax.while_loop(cond, body, init)
-    _, _, _, _, _, sc, done, tau, kind, chan, gev, it, rej, viol = out
-    return tau, kind, chan, gev, sc, it, rej, viol, ~done
+    return WorkerProposal(out.tau, out.kind, out.channel, out.gradient_at_event, out.scale,
+                          out.proposals, out.rejections, out.violations, ~out.done)
 
 
 def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: bool = False):
@@ -302,8 +343,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     def propose(key_m, x, v, cap, worker_m: Workers, alpha_m, scale_m):
         """Step 1 of Algorithm 2 for ONE data worker (client side): its first event time
         before ``cap`` from its own potential and data (``worker_m``: its slice of
-        :class:`Workers`, data included). Returns the proposal tuple
-        ``(tau, kind, channel, g_event, scale, proposals, rejections, violations, overflow)``."""
+        :class:`Workers`, data included). Returns its :class:`WorkerProposal`."""
         grad_fn = lambda y: data_worker_grad(y, worker_m.data, worker_m.mask, worker_m.g_ref,  # noqa: E731
                                              worker_m.cv_weight, alpha_m)
         slope_fn = None
@@ -333,10 +373,11 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             worker_keys, st.x, st.v, cap, workers, st.alpha, st.scale[:M])
         return apply_proposals(key, st, res, t_stop, counting)
 
-    def apply_proposals(key, st: FedState, res, t_stop, counting) -> FedState:
+    def apply_proposals(key, st: FedState, res: WorkerProposal, t_stop, counting) -> FedState:
         """Step 2 of Algorithm 2 (server side): add the prior's own proposal (if it has its
         own channels), take the earliest of all proposals and the server's clocks, and move
         the state (Algorithm 4's redistribution and the refreshment included)."""
+        res = WorkerProposal(*res)  # a distributed engine gathers a plain tuple
         _, kp, kj, kr, kr2, ka, ka2 = split_key(key, 7)
         cap_abs = jnp.minimum(jnp.minimum(st.next_refresh, st.next_redist), t_stop)
         cap = cap_abs - st.t
@@ -346,15 +387,13 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
                 cfg, kp, x, v, cap, prior_worker_grad, prior.q, prior.l, prior.lw,
                 jnp.ones((d,)), jnp.zeros(()), st.scale[M], None)
             res = jax.tree_util.tree_map(lambda r, p: jnp.concatenate([r, p[None]]), res, pres)
-        taus, kinds, chans, gevs, scales, its, rejs, viols, overflows = res
-
-        w = jnp.argmin(taus)
-        tau = taus[w]
+        w = jnp.argmin(res.tau)
+        tau = res.tau[w]
         event = tau < cap
         dt = jnp.where(event, tau, cap)
         x1, v1 = spec.flow(x, v, dt, ref)
-        is_excess = kinds[w] == EXCESS
-        v_jump = spec.jump(kj, x1, v1, gevs[w], chans[w], ref)
+        is_excess = res.kind[w] == EXCESS
+        v_jump = spec.jump(kj, x1, v1, res.gradient_at_event[w], res.channel[w], ref)
         v_event = v_jump
         if cfg.has_excess:
             v_event = jnp.where(is_excess, spec.excess(kj, v1, all_coords[w], ref), v_jump)
@@ -385,16 +424,16 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             sk_n = sk_n + record.astype(jnp.int32)
 
         return st._replace(
-            t=t_new, x=x1, v=v_new, alpha=alpha, scale=scales,
+            t=t_new, x=x1, v=v_new, alpha=alpha, scale=res.scale,
             next_refresh=next_refresh, next_redist=next_redist,
             events=st.events + onehot * (~is_excess).astype(jnp.int32),
             excess_events=st.excess_events + onehot * is_excess.astype(jnp.int32),
             refreshes=st.refreshes + refresh_now.astype(jnp.int32),
             redistributions=st.redistributions + redist_now.astype(jnp.int32),
             iterations=st.iterations + 1,
-            thinning=st.thinning + its, rejections=st.rejections + rejs,
-            violations=st.violations + viols,
-            overflow=st.overflow | jnp.any(overflows),
+            thinning=st.thinning + res.proposals, rejections=st.rejections + res.rejections,
+            violations=st.violations + res.violations,
+            overflow=st.overflow | jnp.any(res.overflow),
             sum_x=st.sum_x + c * first, sum_xx=st.sum_xx + c * second,
             interval_x=st.interval_x + first,
             sk_t=sk_t, sk_x=sk_x, sk_v=sk_v, sk_n=sk_n,
