@@ -44,7 +44,8 @@ class ClientContext(NamedTuple):
 
     ``data`` is the client's rows in the one-client layout of the kernels
     (:class:`~fedmcmc.federation.ConcatenatedData` with a single client, so the
-    in-process kernels run unchanged); ``raw_data`` the rows as loaded;
+    in-process kernels run unchanged); ``raw_data`` the rows as loaded; ``init``
+    the run's initial parameters (a family that works in float64 flattens them again);
     ``store`` a dictionary private to this client, kept between calls (for
     example a surrogate fitted in one call and used in the next).
     """
@@ -52,6 +53,7 @@ class ClientContext(NamedTuple):
     index: int
     flat_model: FlatModel
     model: Any  # fedmcmc.Model
+    init: Any  # the run's initial parameter pytree (its structure and dtypes)
     data: ConcatenatedData
     raw_data: Any
     size: int

@@ -460,7 +460,7 @@ def test_fed_pdmp_worker_messages_are_parameter_sized(zigzag_runs):
     info = on_ray.info
     chains, d = PDMP_KW["chains"], PDMP_DIM
     audit = info["client_message_audit"]
-    assert audit and {m for _, m, _ in audit} >= {"propose", "summaries"}
+    assert audit and {m for _, m, _ in audit} >= {"respond", "setup"}
     for client, method, arrays in audit:
         for shape, _dtype in arrays:
             assert int(np.prod(shape)) <= max(chains * d, d * d), (client, method, shape)

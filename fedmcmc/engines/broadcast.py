@@ -1,39 +1,36 @@
-"""Fed-PDMC's broadcast-and-gather protocol (Algorithm 2) over a :class:`~.comm.Transport`.
+"""The broadcast-and-gather engine (Fed-PDMC's Algorithm 2) over a :class:`~.comm.Transport`.
 
-Client side (:class:`PDMPWorker`, one per worker, a Ray actor on the Ray engine):
-holds only its own data; computes, on that data alone, the Newton terms the
-server asks for (gradient and Hessian of its potential at a point), its rate
-bounds, its coordinates and its control-variate gradient; and, at every event
-iteration, simulates its own first event time by Poisson thinning
-(:func:`fedmcmc.pdmp.federated.build`'s ``propose``, the very function the
-in-process engine vmaps) for all chains at once.
+The pattern: every round the server broadcasts the chains' state to every worker,
+each worker answers from its own data, and the server combines the answers. This
+module holds the pattern's pieces and knows no family:
 
-Server side (:class:`RemoteWorkers` for the set-up, :class:`BroadcastDraw` for
-the sampling): one event iteration broadcasts ``(x, v, cap, alpha_m, scale_m)``
-and the worker's key for every chain, gathers every worker's proposal
-``(tau_m, kind, channel, gradient at the event, ...)`` and applies the earliest
-together with the server's own clocks (``apply_proposals``). Chains advance in
-lock-step, one broadcast per event iteration for all chains still short of their
-next sample time. Messages are parameter-sized: per chain ``d`` floats and a
-few scalars (set-up: ``d x d`` Newton Hessians and rate bounds' whitening).
+* :class:`BroadcastClient`, the generic client endpoint (a Ray actor on the Ray
+  engine, an object on the in-process transport): it holds its worker's data and
+  runs the family's client-side functions on it (``setup`` for set-up questions,
+  ``configure`` once, ``respond`` every round);
+* :class:`BroadcastDraw`, the server's draw step for all chains: rounds of
+  broadcast-and-gather with the failure policy (stop, or drop the worker and carry
+  on), composed from the family's server-side pieces (for Fed-PDMC,
+  ``fedmcmc.pdmp.federated.FedProtocol``: the event keys and cap sent to the workers,
+  the application of the earliest proposal, the end of a draw);
+* :func:`run_remote_chains`, the Python driver (divergence, progress, chunk
+  callbacks, Ctrl-C) of a run whose draw step sends messages.
 
-Random streams: event iteration ``i`` of draw ``k`` of chain ``c`` uses
-``fold_in(split(fold_in(key, k), chains)[c], i)`` exactly as the in-process
-engine does, and worker ``m`` gets the same sub-key there as here; so the two
-engines give the same draws up to float rounding of the per-worker sums (the
-tests check this on a Gaussian target).
+``fedmcmc.pdmp.distributed`` composes them into Fed-PDMC's distributed run. Random
+streams: event iteration ``i`` of draw ``k`` of chain ``c`` uses
+``fold_in(split(fold_in(key, k), chains)[c], i)`` exactly as the in-process engine
+does, so the two give the same draws up to float rounding of the per-worker sums.
 
 Client failure: ``on_client_failure="stop"`` raises
-:class:`~.comm.ClientFailureError` with every draw made so far;
-``"drop"`` continues without the worker (its proposals never win): the target
-becomes the posterior given the remaining workers' data (``info`` records it).
-"drop" is refused with control variates (the shifts would no longer sum to zero)
-and with prior redistribution.
+:class:`~.comm.ClientFailureError` with every draw made so far; ``"drop"``
+continues without the worker (its answers are replaced by the protocol's
+``silent_proposal``): the target becomes the posterior given the remaining
+workers' data (``info`` records it).
 """
 
 from __future__ import annotations
 
-import math
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -41,113 +38,60 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..federation import Federation
+from ..federation import ConcatenatedData
 from ..progress import progress_bar
-from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, Transport,
-                   describe_federation, with_fault_injection)
+from ..protocols import ClientContext
+from .comm import ClientEndpoint, ClientFailure, Transport
+from .local import ChainRun, default_chunk_size
 
-__all__ = ["PDMPWorker", "RemoteWorkers", "BroadcastDraw", "run_remote_chains", "sample_pdmp"]
-
-
-def _f64(tree):
-    return jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, jnp.float64), tree)
+__all__ = ["BroadcastClient", "BroadcastDraw", "gather_replies", "run_remote_chains"]
 
 
 # ----------------------------------------------------------------------------- client side
 
 
-class PDMPWorker(ClientEndpoint):
-    """One worker of Fed-PDMC: its data, its bounds, its compiled event simulation.
+class BroadcastClient(ClientEndpoint):
+    """One worker of a broadcast-and-gather protocol: its data and the family's functions.
 
-    ``source``: the worker's data or its loader (called here, in the worker's process)."""
+    ``functions`` is an object whose methods ``client_<name>(context, *args)`` run here, in
+    the worker's process, on a :class:`~fedmcmc.protocols.ClientContext` holding only this
+    worker's rows (and a private ``store`` kept between calls). The messages: ``setup(name,
+    *args)`` (set-up questions, e.g. Newton terms or rate bounds), ``configure(*args)``
+    (once, before sampling) and ``respond(*args)`` (every round's answer)."""
 
-    def __init__(self, index: int, source: Any, model, init: Any):
+    def __init__(self, index: int, source: Any, model, init: Any, functions: Any,
+                 num_clients: int, seed: int):
         super().__init__(index, source)
-        with jax.enable_x64(True):
-            init64 = _f64(init)
-            self.flat_model = model.flatten(init64)
-            self.padded = Federation([self.data]).padded()  # (1, n_m, ...): its own rows only
-            flat_model = self.flat_model
-            rows = jax.tree_util.tree_map(lambda leaf: leaf[0], self.padded.data)
-            mask = self.padded.mask[0]
+        self.functions = functions
+        size = self.size
+        self.context = ClientContext(
+            index=self.index, flat_model=model.flatten(init), model=model, init=init,
+            data=ConcatenatedData(data=self.data, offsets=np.zeros((1,), np.int32),
+                                  sizes=np.full((1,), size, np.int32)),
+            raw_data=self.data, size=size, num_clients=int(num_clients), seed=int(seed),
+            store={})
 
-            def potential(theta):
-                return -flat_model.log_likelihood_sum(theta, rows, mask)
+    def _function(self, name: str):
+        function = getattr(self.functions, f"client_{name}", None) if name.isidentifier() else None
+        if function is None:
+            raise ValueError(f"{type(self.functions).__name__} has no client-side function "
+                             f"{name!r}")
+        return function
 
-            self._terms = jax.jit(lambda th: (potential(th), jax.grad(potential)(th),
-                                              jax.hessian(potential)(th)))
-            self._value = jax.jit(potential)
-        self._summaries = None
-        self._propose = None
-        self._gradient = None
+    def setup(self, name: str, *args):
+        return self._function(name)(self.context, *args)
 
-    def newton_terms(self, x):
-        """``(U_m, grad U_m, Hess U_m)`` of its data potential at ``x`` (one Newton round)."""
-        with jax.enable_x64(True):
-            u, g, h = self._terms(jnp.asarray(x, jnp.float64))
-            return float(u), np.asarray(g), np.asarray(h)
+    def configure(self, *args):
+        return self._function("configure")(self.context, *args)
 
-    def newton_value(self, x) -> float:
-        with jax.enable_x64(True):
-            return float(self._value(jnp.asarray(x, jnp.float64)))
-
-    def summaries(self, options: Dict[str, Any]):
-        """Its rate bounds, coordinates and control-variate gradient (``worker_summaries``);
-        returns ``(l, lw, coords, g_ref)`` and keeps the elementwise bound ``q`` to itself."""
-        from ..pdmp.setup import worker_summaries
-
-        with jax.enable_x64(True):
-            q, l, lw, coords, g_ref = worker_summaries(self.flat_model, self.padded, **options)
-        self._summaries = (q[0], l[0], lw[0], coords[0], g_ref[0])
-        return float(l[0]), float(lw[0]), coords[0], g_ref[0]
-
-    def configure(self, cfg, prior_part, rho: float, cv_weight: float) -> int:
-        """Build the compiled proposal of this worker for all chains at once."""
-        from ..pdmp import federated
-
-        if self._summaries is None:
-            raise RuntimeError("configure() before summaries()")
-        q, l, lw, coords, g_ref = self._summaries
-        with jax.enable_x64(True):
-            worker = federated.Workers(
-                data=self.padded.data, mask=jnp.asarray(self.padded.mask, jnp.float64),
-                coords=jnp.asarray(coords)[None], q=jnp.asarray(q)[None],
-                l=jnp.asarray(l)[None], lw=jnp.asarray(lw)[None],
-                rho=jnp.full((1,), rho, jnp.float64), cv_weight=jnp.full((1,), cv_weight),
-                g_ref=jnp.asarray(g_ref)[None])
-            own = jax.tree_util.tree_map(lambda leaf: leaf[0], worker)
-            protocol = federated.build(cfg, worker, prior_part, with_protocol=True)[3]
-
-            def propose(key_data, x, v, cap, alpha, scale):
-                key = jax.random.wrap_key_data(key_data)
-                return protocol.propose(key, x, v, cap, own, alpha, scale)
-
-            def gradient(x, alpha):
-                return protocol.worker_gradient(x, own.data, own.mask, own.g_ref, own.cv_weight,
-                                                alpha)
-
-            self._propose = jax.jit(jax.vmap(propose))
-            self._gradient = jax.jit(jax.vmap(gradient))
-        return self.index
-
-    # -- sampling messages
-    def propose(self, key_data, x, v, cap, alpha, scale):
-        """Its first event time for every chain (``(chains, ...)`` arrays in, proposals out)."""
-        with jax.enable_x64(True):
-            out = self._propose(jnp.asarray(key_data), jnp.asarray(x), jnp.asarray(v),
-                                jnp.asarray(cap), jnp.asarray(alpha), jnp.asarray(scale))
-            return tuple(np.asarray(a) for a in out)
-
-    def gradient(self, x, alpha):
-        """Its gradient at every chain's position (the rate diagnostics of a draw)."""
-        with jax.enable_x64(True):
-            return np.asarray(self._gradient(jnp.asarray(x), jnp.asarray(alpha)))
+    def respond(self, *args):
+        return self._function("respond")(self.context, *args)
 
 
 # ----------------------------------------------------------------------------- server side
 
 
-def _gather(transport: Transport, pendings, timeout: Optional[float]) -> Dict[int, Any]:
+def gather_replies(transport: Transport, pendings, timeout: Optional[float]) -> Dict[int, Any]:
     """Replies by client; a client that fails or does not answer in time raises
     :class:`ClientFailure` (the caller decides between stopping and dropping it)."""
     replies: Dict[int, Any] = {}
@@ -163,86 +107,25 @@ def _gather(transport: Transport, pendings, timeout: Optional[float]) -> Dict[in
     return replies
 
 
-class RemoteWorkers:
-    """What ``_FedPDMP.build`` asks of the workers, answered by messages (set-up phase).
-    A failure here stops the run (nothing has been sampled yet)."""
-
-    data = None
-    mask = None
-
-    def __init__(self, transport: Transport, sizes, flat_model, model, timeout: Optional[float]):
-        self.transport = transport
-        self.sizes = np.asarray(sizes, np.float64)
-        self.num_workers = len(self.sizes)
-        self.flat_model = flat_model
-        self.timeout = timeout
-        self.newton_rounds = 0
-        self._newton_cache: Dict[bytes, tuple] = {}
-        prior = lambda th: -flat_model.log_prior(th)  # noqa: E731
-        self._prior_terms = jax.jit(lambda th: (prior(th), jax.grad(prior)(th), jax.hessian(prior)(th)))
-        self._prior_value = jax.jit(prior)
-
-    def _all(self, method: str, *args) -> List[Any]:
-        pendings = [self.transport.call(m, method, *args) for m in range(self.num_workers)]
-        try:
-            replies = _gather(self.transport, pendings, self.timeout)
-        except ClientFailure as failure:
-            raise ClientFailureError(
-                f"worker {failure.client} failed during {method!r} before sampling started: "
-                f"{failure.reason}", None, failure.client, failure.reason) from None
-        return [replies[m] for m in range(self.num_workers)]
-
-    def newton(self, theta0):
-        """Federated Newton (``setup.newton``): each round every worker sends the gradient
-        and Hessian of its own potential; the server adds the prior's."""
-        from ..pdmp.setup import newton
-
-        key = np.asarray(theta0, np.float64).tobytes()
-        if key in self._newton_cache:
-            return self._newton_cache[key]
-
-        def value_grad_hess(x):
-            x = np.asarray(x, np.float64)
-            u, g, h = (np.asarray(a, np.float64) for a in self._prior_terms(jnp.asarray(x)))
-            for uw, gw, hw in self._all("newton_terms", x):
-                u, g, h = u + uw, g + gw, h + hw
-            self.newton_rounds += 1
-            return u, jnp.asarray(g), jnp.asarray(h)
-
-        def value(x):
-            x = np.asarray(x, np.float64)
-            return float(self._prior_value(jnp.asarray(x))) + sum(self._all("newton_value", x))
-
-        out = newton(value_grad_hess, value, theta0)
-        self._newton_cache[key] = out
-        return out
-
-    def summaries(self, **options):
-        replies = self._all("summaries", options)
-        l = np.array([r[0] for r in replies], np.float64)
-        lw = np.array([r[1] for r in replies], np.float64)
-        coords = np.stack([np.asarray(r[2], np.float64) for r in replies])
-        g_ref = np.stack([np.asarray(r[3], np.float64) for r in replies])
-        return None, l, lw, coords, g_ref
-
-
 class BroadcastDraw:
     """The server's draw step for all chains: ``(draw_keys (C,), states) -> (states, draws,
     stats)``, the same as the in-process engine's vmapped ``draw_step`` but with every
     worker's proposal computed by that worker (one broadcast-and-gather per event
     iteration)."""
 
-    def __init__(self, transport: Transport, cfg, protocol, timeout: Optional[float],
+    def __init__(self, transport: Transport, num_workers: int, max_rounds_per_draw: int,
+                 rate_diagnostics: bool, protocol, timeout: Optional[float],
                  on_client_failure: str):
         self.transport = transport
-        self.cfg = cfg
+        self.max_rounds_per_draw = int(max_rounds_per_draw)
+        self.rate_diagnostics = bool(rate_diagnostics)
         self.timeout = timeout
         self.on_client_failure = on_client_failure
         self.dead: List[int] = []
         self.failures: List[Dict[str, Any]] = []
         self.event_rounds = 0
-        p = protocol
-        M = cfg.num_workers
+        p = self.protocol = protocol
+        M = int(num_workers)
 
         def prepare(draw_key, i, st, t_next):
             worker_keys, _ = p.event_keys(jax.random.fold_in(draw_key, i))
@@ -302,46 +185,40 @@ class BroadcastDraw:
             raise ClientFailure(client, "every worker has failed")
 
     def __call__(self, draw_keys, states):
-        cfg = self.cfg
         M = self.num_workers
         states, t_next, counting, events_before = self._begin(states)
         i = 0
         active = np.asarray(states.t < t_next)
-        while active.any() and i < cfg.max_iterations_per_draw:
+        while active.any() and i < self.max_rounds_per_draw:
             key_data, caps = self._prepare(draw_keys, i, states, t_next)
             key_data = np.asarray(key_data)  # (C, M, 2)
             caps = np.where(active, np.asarray(caps), 0.0)  # finished chains: nothing to propose
             x, v = np.asarray(states.x), np.asarray(states.v)
             alpha, scale = np.asarray(states.alpha), np.asarray(states.scale)
             replies = self._broadcast(
-                "propose", lambda m: (key_data[:, m], x, v, caps, alpha[:, m], scale[:, m]))
+                "respond", lambda m: (key_data[:, m], x, v, caps, alpha[:, m], scale[:, m]))
             self.event_rounds += 1
             res = self._stack(replies, scale)
             states = self._apply(draw_keys, i, states, res, t_next, counting, jnp.asarray(active))
             i += 1
             active = np.asarray(states.t < t_next)
         rate_values = None
-        if cfg.rate_diagnostics:
+        if self.rate_diagnostics:
             x, alpha = np.asarray(states.x), np.asarray(states.alpha)
-            grads = self._broadcast("gradient", lambda m: (x, alpha[:, m]))
+            grads = self._broadcast("setup", lambda m: ("gradient", x, alpha[:, m]))
             g = np.stack([grads[m] if m in grads else np.zeros_like(x) for m in range(M)], axis=1)
             rate_values = self._rates(states, jnp.asarray(g))
         return self._end(states, t_next, counting, events_before, rate_values)
 
     def _stack(self, replies: Dict[int, Any], scale: np.ndarray):
-        """Proposals stacked as the in-process vmap over workers gives them: (C, M, ...).
-        A dropped worker proposes nothing (tau = inf)."""
-        C = scale.shape[0]
-        d = self.cfg.dim
-        rows = []
-        for m in range(self.num_workers):
-            if m in replies:
-                rows.append(replies[m])
-            else:
-                rows.append((np.full(C, np.inf), np.zeros(C, np.int32), np.zeros(C, np.int32),
-                             np.zeros((C, d)), scale[:, m], np.zeros(C, np.int32),
-                             np.zeros(C, np.int32), np.zeros(C, np.int32), np.zeros(C, bool)))
-        return tuple(jnp.asarray(np.stack([row[k] for row in rows], axis=1)) for k in range(9))
+        """Answers stacked as the in-process vmap over workers gives them: (C, M, ...). A
+        dropped worker's answer is the protocol's ``silent_proposal`` (no event)."""
+        chains = scale.shape[0]
+        rows = [replies[m] if m in replies else self.protocol.silent_proposal(chains, scale[:, m])
+                for m in range(self.num_workers)]
+        fields = len(rows[0])
+        return tuple(jnp.asarray(np.stack([row[k] for row in rows], axis=1))
+                     for k in range(fields))
 
 
 def run_remote_chains(draw_all, initial_states, key, *, burn_in: int, num_samples: int,
@@ -354,10 +231,6 @@ def run_remote_chains(draw_all, initial_states, key, *, burn_in: int, num_sample
     :class:`ClientFailure` that stopped the run, if any. Draws are checked for divergence
     after every draw; the progress bar, Ctrl-C and the chunk callbacks behave as in the
     in-process engine."""
-    import sys
-
-    from .local import ChainRun, default_chunk_size
-
     total = burn_in + num_samples
     chunk_size = chunk_size or default_chunk_size(total)
     chains = jax.tree_util.tree_leaves(initial_states)[0].shape[0]
@@ -431,97 +304,3 @@ def run_remote_chains(draw_all, initial_states, key, *, burn_in: int, num_sample
                    first_bad_draw=first_bad, bad_stats=bad_stats, draws_done=done,
                    interrupted=interrupted, wall_time=time.perf_counter() - started)
     return run, failure
-
-
-def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, chains, seed,
-                progress, skeleton_size, init_jitter, rate_diagnostics, make_transport,
-                engine_label: str, options: Dict[str, Any], accumulate=None, initial_sums=None):
-    """Fed Zig-Zag / BPS / Boomerang with one endpoint per worker (called by
-    ``_FedPDMP.sample`` under ``jax.enable_x64``). ``make_transport(specs)`` builds the
-    transport from one ``(PDMPWorker, args)`` per worker. ``accumulate`` / ``initial_sums``:
-    the family's per-chain run sums carried next to the state (see ``pdmp/algorithms.py``)."""
-    policy = options["on_client_failure"]
-    timeout = options.get("visit_timeout")
-    if policy == "drop" and (algorithm.control_variates is not False
-                             or algorithm.redistribution_rate > 0):
-        raise ValueError(
-            "on_client_failure='drop' is not available with control_variates or "
-            "redistribution_rate > 0 (dropping a worker would bias the remaining ones' "
-            "shifted potentials); use on_client_failure='stop'")
-    M = federation.num_clients
-    sources = federation.client_sources()
-    specs = [(PDMPWorker, (m, sources[m], model, init)) for m in range(M)]
-    # fault_injection (tests only): the transport makes one worker crash or hang at a proposal
-    transport = with_fault_injection(make_transport(specs), options.get("fault_injection"),
-                                     "propose")
-    try:
-        # from_loaders: the workers loaded their rows themselves and report their sizes
-        federation = describe_federation(transport, federation, model, init)
-        transport.audit = bool(options.get("audit_messages", False))
-        setup_started = time.perf_counter()
-        init64 = _f64(init)
-        flat_model = model.flatten(init64)
-        access = RemoteWorkers(transport, federation.sizes, flat_model, model, timeout)
-        built = algorithm.build(model, federation, init, burn_in=burn_in, chains=chains,
-                                seed=seed, skeleton_size=skeleton_size, init_jitter=init_jitter,
-                                rate_diagnostics=rate_diagnostics, workers_access=access,
-                                with_protocol=True)
-        (cfg, _, fed_states, k_run, out_model, info, on_violation, protocol, prior_part,
-         workers) = built
-        pendings = [transport.call(m, "configure", cfg, prior_part, float(workers.rho[m]),
-                                   float(workers.cv_weight[m])) for m in range(M)]
-        try:
-            _gather(transport, pendings, None)
-            locations = _gather(transport, [transport.call(m, "location") for m in range(M)],
-                                None)
-        except ClientFailure as failure:
-            raise ClientFailureError(
-                f"worker {failure.client} failed while being configured: {failure.reason}",
-                None, failure.client, failure.reason) from None
-        info.update(
-            engine=engine_label, on_client_failure=policy, visit_timeout=timeout,
-            client_locations=[locations[m] for m in range(M)],
-            setup_time=time.perf_counter() - setup_started,
-            newton_rounds_messages=access.newton_rounds)
-        draw = BroadcastDraw(transport, cfg, protocol, timeout, policy)
-
-        if accumulate is None:
-            states = fed_states
-            draw_all = draw
-            position = lambda s: s.x  # noqa: E731
-        else:
-            states = (fed_states, initial_sums)
-            accumulate_all = jax.jit(jax.vmap(accumulate))
-
-            def draw_all(keys, carry):
-                st, sums = carry
-                n_before = st.n_draws
-                st, draws, stats = draw(keys, st)
-                sums = accumulate_all(n_before, sums, draws, stats)
-                return (st, sums), draws, stats
-
-            position = lambda s: s[0].x  # noqa: E731
-        run_options = {k: options[k] for k in ("chunk_size", "on_chunk", "on_draws") if k in options}
-        run, failure = run_remote_chains(
-            draw_all, states, k_run, burn_in=burn_in, num_samples=num_samples,
-            position=position, divergence_threshold=algorithm.divergence_threshold,
-            progress=progress, label=f"{algorithm.name} (ray)" if engine_label == "ray"
-            else algorithm.name, **run_options)
-        messages = transport.info()
-        messages["event_rounds_broadcast"] = draw.event_rounds
-        if draw.failures:
-            messages["client_failures"] = draw.failures
-            messages["dropped_clients"] = list(draw.dead)
-            if policy == "drop" and draw.dead:
-                messages["target_changed"] = True
-                kept = [m for m in range(M) if m not in draw.dead]
-                messages["target"] = (
-                    f"posterior given the data of workers {kept} only (workers {draw.dead} "
-                    "dropped mid-run" + (
-                        "; with prior='split' their prior shares are lost too" if
-                        algorithm.prior == "split" else "") + ")")
-    finally:
-        transport.close()
-    # ``messages``: the transport's real message and byte counts (they replace the
-    # analytic accounting of the in-process engine in ``info``) and the failures.
-    return run, failure, (cfg, out_model, info, on_violation, messages)

@@ -72,6 +72,7 @@ class HandoffClient(ClientEndpoint):
             index=self.index,
             flat_model=model.flatten(init),
             model=model,
+            init=init,
             data=ConcatenatedData(
                 data=jax.tree_util.tree_map(jnp.asarray, self._raw_data),
                 offsets=jnp.zeros((1,), jnp.int32),

@@ -40,6 +40,7 @@ from ..algorithm import (
 from ..checkpoint import restore_states, split_run_options
 from ..engines.local import run_chains
 from ..results import Result, SamplingDivergedError
+from .distributed import sample_pdmp
 from . import federated, privacy as privacy_module
 from .boomerang import BoomerangSpec
 from .bounds import (
@@ -53,7 +54,6 @@ from .setup import LocalWorkers
 from .single import make_reference
 from .zigzag import ZigZagSpec
 from ..engines.options import check_engine_options
-from ..engines.broadcast import sample_pdmp
 from ..engines.comm import ClientFailureError
 
 __all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError"]
@@ -119,7 +119,7 @@ def _run_sums(burn_in: int, num_samples: int, d: int, chains: int):
 
 class _FedPDMP(Algorithm):
     spec: Any = None
-    #: "ray": one Ray actor per worker, broadcast-and-gather per event (engines/broadcast.py)
+    #: "ray": one Ray actor per worker, broadcast-and-gather per event (pdmp/distributed.py)
     engines = ("local", "ray")
     divergence_threshold = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
@@ -269,7 +269,7 @@ class _FedPDMP(Algorithm):
     def _sample_distributed(self, model, federation, init, num_samples, burn_in, chains, seed,
                             progress, skeleton_size, init_jitter, rate_diagnostics,
                             make_transport, engine_label, engine_options):
-        """One endpoint per worker (``engines/broadcast.py``): the workers simulate their own
+        """One endpoint per worker (``pdmp/distributed.py``): the workers simulate their own
         event times on their own data; the server gathers and applies the earliest."""
         d = model.flatten(init).dim
         accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
@@ -356,7 +356,7 @@ class _FedPDMP(Algorithm):
 
         ``workers_access`` answers what the server asks of the workers (Newton terms, bounds
         and the other per-worker summaries): :class:`~.setup.LocalWorkers` (default, all data
-        in this process) or the Ray engine's ``RemoteWorkers``. With ``with_protocol=True``
+        in this process) or ``distributed.RemoteWorkers`` (messages). With ``with_protocol=True``
         the config is followed by the :class:`~.federated.FedProtocol` pieces and the
         ``PriorPart`` and ``Workers`` (the distributed engine composes them)."""
         spec = self.spec

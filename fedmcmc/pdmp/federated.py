@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .events import affine_first_time
 from ..rng import exponential64, split_key, uniform64
@@ -138,6 +139,7 @@ class FedProtocol(NamedTuple):
     draw_end: Callable
     prior_gradient_row: Callable
     rates_from_gradients: Callable
+    silent_proposal: Callable  # (chains, scale_m) -> WorkerProposal of a dropped worker
 
 
 class FedState(NamedTuple):
@@ -497,12 +499,21 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         rate_values = rates(st.x, st.v, st.alpha) if cfg.rate_diagnostics else None
         return draw_end(st, t_next, counting, events_before, rate_values)
 
-    # The pieces the distributed engine (engines/broadcast.py) composes in the same order.
+    def silent_proposal(chains: int, scale_m) -> WorkerProposal:
+        """What a dropped worker "proposes" for every chain: no event (tau = inf), its
+        scale unchanged (NumPy arrays, as a distributed engine gathers them)."""
+        zeros = np.zeros(chains, np.int32)
+        return WorkerProposal(np.full(chains, np.inf), zeros, zeros, np.zeros((chains, d)),
+                              np.asarray(scale_m), zeros, zeros, zeros,
+                              np.zeros(chains, bool))
+
+    # The pieces the distributed run (pdmp/distributed.py, engines/broadcast.py) composes in the
+    # same order.
     protocol = FedProtocol(
         propose=propose, worker_gradient=data_worker_grad, event_keys=event_keys,
         event_cap=event_cap, apply_proposals=apply_proposals, draw_begin=draw_begin,
         draw_end=draw_end, prior_gradient_row=prior_gradient_row,
-        rates_from_gradients=rates_from_gradients)
+        rates_from_gradients=rates_from_gradients, silent_proposal=silent_proposal)
     if with_protocol:
         return init, event_step, draw_step, protocol
     return init, event_step, draw_step

@@ -60,8 +60,8 @@ def worker_summaries(flat_model, padded, *, mode, safety, theta0, hessian_bound=
 
 class LocalWorkers:
     """In-process access to the workers (all their data in this process): what
-    ``_FedPDMP.build`` asks of them. The Ray engine's ``RemoteWorkers``
-    (``engines/broadcast.py``) answers the same questions by messages."""
+    ``_FedPDMP.build`` asks of them. ``distributed.RemoteWorkers`` answers the same
+    questions by messages."""
 
     def __init__(self, flat_model, padded, sizes):
         self.flat_model = flat_model

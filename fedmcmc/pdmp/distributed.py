@@ -1,0 +1,298 @@
+"""Fed-PDMC with one endpoint per worker: its client-side functions and its server.
+
+The engine (``fedmcmc.engines.broadcast``) provides the pattern's pieces, none of
+which knows Fed-PDMC: a generic client endpoint that holds a worker's data and runs
+the functions below on it, the broadcast-and-gather round with its failure policy,
+and the driver. This module is what Fed-PDMC adds to them:
+
+* **client side** (:class:`WorkerFunctions`, run in the worker's process on its own
+  rows): the Newton terms of its potential at a point (gradient and Hessian, for the
+  Boomerang's Laplace reference and the control variates), its rate bounds,
+  coordinates and control-variate gradient (``setup.worker_summaries``), and at every
+  event iteration its own first event time by Poisson thinning for all chains at once
+  (``federated.build``'s ``propose``, the very function the in-process engine vmaps);
+* **server side** (:class:`RemoteWorkers` for the set-up, :func:`sample_pdmp` for
+  the run): the same ``_FedPDMP.build`` as in-process, with the workers' answers
+  arriving as messages.
+
+Random streams are the in-process engine's, so both give the same draws (the tests
+compare them on the in-process transport and on Ray).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..federation import Federation
+from ..protocols import ClientContext
+from ..engines.broadcast import BroadcastClient, BroadcastDraw, gather_replies, run_remote_chains
+from ..engines.comm import (ClientFailure, ClientFailureError, call_all, describe_federation,
+                            with_fault_injection)
+from . import federated
+from .setup import newton, worker_summaries
+
+__all__ = ["WorkerFunctions", "RemoteWorkers", "sample_pdmp"]
+
+
+def _float64(tree):
+    return jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, jnp.float64), tree)
+
+
+class _WorkerState:
+    """What a worker keeps between calls (in ``context.store``): its float64 model, its rows
+    in the padded layout, its compiled potential terms, and once configured its proposal."""
+
+    def __init__(self, context: ClientContext):
+        with jax.enable_x64(True):
+            self.flat_model = context.model.flatten(_float64(context.init))
+            self.padded = Federation([context.raw_data]).padded()  # (1, n_m, ...): its rows only
+            flat_model = self.flat_model
+            rows = jax.tree_util.tree_map(lambda leaf: leaf[0], self.padded.data)
+            mask = self.padded.mask[0]
+
+            def potential(theta):
+                return -flat_model.log_likelihood_sum(theta, rows, mask)
+
+            self.terms = jax.jit(lambda th: (potential(th), jax.grad(potential)(th),
+                                             jax.hessian(potential)(th)))
+            self.value = jax.jit(potential)
+        self.summaries = None
+        self.propose = None
+        self.gradient = None
+
+
+class WorkerFunctions:
+    """Fed-PDMC's client-side functions (``client_<name>(context, *args)``), run by the
+    engine's generic endpoint in the worker's process. Stateless itself (it is pickled to
+    every worker); a worker's state lives in its ``context.store``."""
+
+    name = "Fed-PDMC"
+
+    @staticmethod
+    def _state(context: ClientContext) -> _WorkerState:
+        if "pdmp" not in context.store:
+            context.store["pdmp"] = _WorkerState(context)
+        return context.store["pdmp"]
+
+    def client_newton_terms(self, context, x):
+        """``(U_m, grad U_m, Hess U_m)`` of its data potential at ``x`` (one Newton round)."""
+        state = self._state(context)
+        with jax.enable_x64(True):
+            u, g, h = state.terms(jnp.asarray(x, jnp.float64))
+            return float(u), np.asarray(g), np.asarray(h)
+
+    def client_newton_value(self, context, x) -> float:
+        state = self._state(context)
+        with jax.enable_x64(True):
+            return float(state.value(jnp.asarray(x, jnp.float64)))
+
+    def client_summaries(self, context, options: Dict[str, Any]):
+        """Its rate bounds, coordinates and control-variate gradient (``worker_summaries``);
+        returns ``(l, lw, coords, g_ref)`` and keeps the elementwise bound ``q`` to itself."""
+        state = self._state(context)
+        with jax.enable_x64(True):
+            q, l, lw, coords, g_ref = worker_summaries(state.flat_model, state.padded, **options)
+        state.summaries = (q[0], l[0], lw[0], coords[0], g_ref[0])
+        return float(l[0]), float(lw[0]), coords[0], g_ref[0]
+
+    def client_configure(self, context, cfg, prior_part, rho: float, cv_weight: float) -> int:
+        """Build the compiled proposal of this worker for all chains at once."""
+        state = self._state(context)
+        if state.summaries is None:
+            raise RuntimeError("configure before summaries")
+        q, l, lw, coords, g_ref = state.summaries
+        padded = state.padded
+        with jax.enable_x64(True):
+            worker = federated.Workers(
+                data=padded.data, mask=jnp.asarray(padded.mask, jnp.float64),
+                coords=jnp.asarray(coords)[None], q=jnp.asarray(q)[None],
+                l=jnp.asarray(l)[None], lw=jnp.asarray(lw)[None],
+                rho=jnp.full((1,), rho, jnp.float64), cv_weight=jnp.full((1,), cv_weight),
+                g_ref=jnp.asarray(g_ref)[None])
+            own = jax.tree_util.tree_map(lambda leaf: leaf[0], worker)
+            protocol = federated.build(cfg, worker, prior_part, with_protocol=True)[3]
+
+            def propose(key_data, x, v, cap, alpha, scale):
+                key = jax.random.wrap_key_data(key_data)
+                return protocol.propose(key, x, v, cap, own, alpha, scale)
+
+            def gradient(x, alpha):
+                return protocol.worker_gradient(x, own.data, own.mask, own.g_ref, own.cv_weight,
+                                                alpha)
+
+            state.propose = jax.jit(jax.vmap(propose))
+            state.gradient = jax.jit(jax.vmap(gradient))
+        return context.index
+
+    def client_respond(self, context, key_data, x, v, cap, alpha, scale):
+        """Its first event time for every chain (``(chains, ...)`` arrays in, the fields of
+        its :class:`~fedmcmc.pdmp.federated.WorkerProposal` out)."""
+        state = self._state(context)
+        with jax.enable_x64(True):
+            out = state.propose(jnp.asarray(key_data), jnp.asarray(x), jnp.asarray(v),
+                                jnp.asarray(cap), jnp.asarray(alpha), jnp.asarray(scale))
+            return tuple(np.asarray(a) for a in out)
+
+    def client_gradient(self, context, x, alpha):
+        """Its gradient at every chain's position (the rate diagnostics of a draw)."""
+        state = self._state(context)
+        with jax.enable_x64(True):
+            return np.asarray(state.gradient(jnp.asarray(x), jnp.asarray(alpha)))
+
+
+class RemoteWorkers:
+    """What ``_FedPDMP.build`` asks of the workers, answered by messages (set-up phase).
+
+    ``ask(name, *args)`` runs the client-side function ``client_<name>`` on every worker
+    and returns the replies in order; a failure there stops the run (nothing has been
+    sampled yet)."""
+
+    data = None
+    mask = None
+
+    def __init__(self, ask: Callable[..., List[Any]], sizes, flat_model):
+        self.ask = ask
+        self.sizes = np.asarray(sizes, np.float64)
+        self.num_workers = len(self.sizes)
+        self.flat_model = flat_model
+        self.newton_rounds = 0
+        self._newton_cache: Dict[bytes, tuple] = {}
+        prior = lambda th: -flat_model.log_prior(th)  # noqa: E731
+        self._prior_terms = jax.jit(lambda th: (prior(th), jax.grad(prior)(th), jax.hessian(prior)(th)))
+        self._prior_value = jax.jit(prior)
+
+    def newton(self, theta0):
+        """Federated Newton (``setup.newton``): each round every worker sends the gradient
+        and Hessian of its own potential; the server adds the prior's."""
+        key = np.asarray(theta0, np.float64).tobytes()
+        if key in self._newton_cache:
+            return self._newton_cache[key]
+
+        def value_grad_hess(x):
+            x = np.asarray(x, np.float64)
+            u, g, h = (np.asarray(a, np.float64) for a in self._prior_terms(jnp.asarray(x)))
+            for uw, gw, hw in self.ask("newton_terms", x):
+                u, g, h = u + uw, g + gw, h + hw
+            self.newton_rounds += 1
+            return u, jnp.asarray(g), jnp.asarray(h)
+
+        def value(x):
+            x = np.asarray(x, np.float64)
+            return float(self._prior_value(jnp.asarray(x))) + sum(self.ask("newton_value", x))
+
+        out = newton(value_grad_hess, value, theta0)
+        self._newton_cache[key] = out
+        return out
+
+    def summaries(self, **options):
+        replies = self.ask("summaries", options)
+        l = np.array([r[0] for r in replies], np.float64)
+        lw = np.array([r[1] for r in replies], np.float64)
+        coords = np.stack([np.asarray(r[2], np.float64) for r in replies])
+        g_ref = np.stack([np.asarray(r[3], np.float64) for r in replies])
+        return None, l, lw, coords, g_ref
+
+
+def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, chains, seed,
+                progress, skeleton_size, init_jitter, rate_diagnostics, make_transport,
+                engine_label: str, options: Dict[str, Any], accumulate=None, initial_sums=None):
+    """Fed Zig-Zag / BPS / Boomerang with one endpoint per worker (called by
+    ``_FedPDMP.sample`` under ``jax.enable_x64``). ``make_transport(specs)`` builds the
+    transport from one ``(BroadcastClient, args)`` per worker. ``accumulate`` / ``initial_sums``:
+    the family's per-chain run sums carried next to the state (see ``pdmp/algorithms.py``)."""
+    policy = options["on_client_failure"]
+    timeout = options.get("visit_timeout")
+    if policy == "drop" and (algorithm.control_variates is not False
+                             or algorithm.redistribution_rate > 0):
+        raise ValueError(
+            "on_client_failure='drop' is not available with control_variates or "
+            "redistribution_rate > 0 (dropping a worker would bias the remaining ones' "
+            "shifted potentials); use on_client_failure='stop'")
+    M = federation.num_clients
+    sources = federation.client_sources()
+    functions = WorkerFunctions()
+    specs = [(BroadcastClient, (m, sources[m], model, init, functions, M, seed))
+             for m in range(M)]
+    # fault_injection (tests only): the transport makes one worker crash or hang at a proposal
+    transport = with_fault_injection(make_transport(specs), options.get("fault_injection"),
+                                     "respond")
+    try:
+        # from_loaders: the workers loaded their rows themselves and report their sizes
+        federation = describe_federation(transport, federation, model, init)
+        transport.audit = bool(options.get("audit_messages", False))
+        setup_started = time.perf_counter()
+        flat_model = model.flatten(_float64(init))
+
+        def ask(name, *args):
+            return call_all(transport, "setup", name, *args, timeout=timeout)
+
+        access = RemoteWorkers(ask, federation.sizes, flat_model)
+        built = algorithm.build(model, federation, init, burn_in=burn_in, chains=chains,
+                                seed=seed, skeleton_size=skeleton_size, init_jitter=init_jitter,
+                                rate_diagnostics=rate_diagnostics, workers_access=access,
+                                with_protocol=True)
+        (cfg, _, fed_states, k_run, out_model, info, on_violation, protocol, prior_part,
+         workers) = built
+        pendings = [transport.call(m, "configure", cfg, prior_part, float(workers.rho[m]),
+                                   float(workers.cv_weight[m])) for m in range(M)]
+        try:
+            gather_replies(transport, pendings, None)
+            locations = gather_replies(
+                transport, [transport.call(m, "location") for m in range(M)], None)
+        except ClientFailure as failure:
+            raise ClientFailureError(
+                f"worker {failure.client} failed while being configured: {failure.reason}",
+                None, failure.client, failure.reason) from None
+        info.update(
+            engine=engine_label, on_client_failure=policy, visit_timeout=timeout,
+            client_locations=[locations[m] for m in range(M)],
+            setup_time=time.perf_counter() - setup_started,
+            newton_rounds_messages=access.newton_rounds)
+        draw = BroadcastDraw(transport, cfg.num_workers, cfg.max_iterations_per_draw,
+                             cfg.rate_diagnostics, protocol, timeout, policy)
+
+        if accumulate is None:
+            states = fed_states
+            draw_all = draw
+            position = lambda s: s.x  # noqa: E731
+        else:
+            states = (fed_states, initial_sums)
+            accumulate_all = jax.jit(jax.vmap(accumulate))
+
+            def draw_all(keys, carry):
+                st, sums = carry
+                n_before = st.n_draws
+                st, draws, stats = draw(keys, st)
+                sums = accumulate_all(n_before, sums, draws, stats)
+                return (st, sums), draws, stats
+
+            position = lambda s: s[0].x  # noqa: E731
+        run_options = {k: options[k] for k in ("chunk_size", "on_chunk", "on_draws") if k in options}
+        run, failure = run_remote_chains(
+            draw_all, states, k_run, burn_in=burn_in, num_samples=num_samples,
+            position=position, divergence_threshold=algorithm.divergence_threshold,
+            progress=progress, label=f"{algorithm.name} (ray)" if engine_label == "ray"
+            else algorithm.name, **run_options)
+        messages = transport.info()
+        messages["event_rounds_broadcast"] = draw.event_rounds
+        if draw.failures:
+            messages["client_failures"] = draw.failures
+            messages["dropped_clients"] = list(draw.dead)
+            if policy == "drop" and draw.dead:
+                messages["target_changed"] = True
+                kept = [m for m in range(M) if m not in draw.dead]
+                messages["target"] = (
+                    f"posterior given the data of workers {kept} only (workers {draw.dead} "
+                    "dropped mid-run" + (
+                        "; with prior='split' their prior shares are lost too" if
+                        algorithm.prior == "split" else "") + ")")
+    finally:
+        transport.close()
+    # ``messages``: the transport's real message and byte counts (they replace the
+    # analytic accounting of the in-process engine in ``info``) and the failures.
+    return run, failure, (cfg, out_model, info, on_violation, messages)
