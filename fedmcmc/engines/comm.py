@@ -174,6 +174,14 @@ class Transport:
     def result(self, pending: Pending) -> Any:
         raise NotImplementedError
 
+    def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
+        """Like :meth:`call`, but arguments may be other calls' :class:`Pending` replies,
+        which go to ``client`` from the client that computed them (on Ray, actor to actor,
+        never through this process). Not counted: what moves between clients is the
+        caller's to account (the neighbour exchange of DULA/GT-DULA counts one message per
+        directed edge); the reply, once read with :meth:`result`, is."""
+        raise NotImplementedError
+
     def alive(self, client: int) -> bool:
         return True
 
@@ -203,6 +211,21 @@ class InProcessTransport(Transport):
         except Exception as error:  # a failing client, as a remote one would
             handle = ("error", error)
         return Pending(client, method, handle, tag)
+
+    def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
+        try:
+            values = [self._value(a) if isinstance(a, Pending) else a for a in args]
+            handle = ("ok", getattr(self.clients[client], method)(*values))
+        except Exception as error:  # a failing client (or a failed argument), as on Ray
+            handle = ("error", error)
+        return Pending(client, method, handle, tag)
+
+    @staticmethod
+    def _value(pending: Pending):
+        status, value = pending.handle
+        if status == "error":
+            raise RuntimeError(f"client {pending.client}'s {pending.method!r} failed: {value}")
+        return value
 
     def wait(self, pendings, timeout):
         return list(pendings), []
@@ -324,18 +347,25 @@ class FaultInjectingTransport(Transport):
     def record(self, direction: str, client: int, method: str, payload: Any) -> None:
         self.inner.record(direction, client, method, payload)
 
+    def _fault_of(self, client: int, method: str, tag: Any) -> Optional[Pending]:
+        """The failed call that replaces this one, or None to deliver it."""
+        if client != self.client or method != self.method:
+            return None
+        self.calls += 1
+        if self.calls <= self.after:
+            return None
+        if self.kind == "exit":
+            self.inner.kill(client)
+            return Pending(client, method, _InjectedFault(
+                "actor died (fault injection: the client's process ended)"), tag)
+        return Pending(client, method, _InjectedFault(
+            f"hung for {self.seconds:g} s (fault injection)", self.seconds), tag)
+
     def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
-        if client == self.client and method == self.method:
-            self.calls += 1
-            if self.calls > self.after:
-                self.inner.record("to_clients", client, method, args)
-                if self.kind == "exit":
-                    self.inner.kill(client)
-                    return Pending(client, method, _InjectedFault("actor died (fault injection: "
-                                                                  "the client's process ended)"),
-                                   tag)
-                return Pending(client, method, _InjectedFault(
-                    f"hung for {self.seconds:g} s (fault injection)", self.seconds), tag)
+        fault = self._fault_of(client, method, tag)
+        if fault is not None:
+            self.inner.record("to_clients", client, method, args)
+            return fault
         return self.inner.call(client, method, *args, tag=tag)
 
     def wait(self, pendings, timeout):
@@ -360,6 +390,17 @@ class FaultInjectingTransport(Transport):
         if isinstance(pending.handle, _InjectedFault):
             raise ClientFailure(pending.client, pending.handle.reason)
         return self.inner.result(pending)
+
+    def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
+        fault = self._fault_of(client, method, tag)
+        if fault is not None:
+            return fault
+        # an argument that is an injected failure fails this call too: it reports the client
+        # whose failure it is, as the root cause
+        failed = [a for a in args if isinstance(a, Pending) and isinstance(a.handle, _InjectedFault)]
+        if failed:
+            return Pending(failed[0].client, method, failed[0].handle, tag)
+        return self.inner.relay(client, method, *args, tag=tag)
 
     def alive(self, client: int) -> bool:
         return self.inner.alive(client)

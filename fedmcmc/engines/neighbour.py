@@ -44,7 +44,8 @@ import numpy as np
 
 from ..minibatch import likelihood_gradient, take_minibatch
 from ..progress import progress_bar
-from .comm import ClientEndpoint, ClientFailureError, describe_federation
+from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, describe_federation,
+                   with_fault_injection)
 from .local import iteration_key
 from ..diagnostics import bias_estimate
 from ..model import unravel_draws_numpy
@@ -173,17 +174,42 @@ class AgentClient(ClientEndpoint):
 
 def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
                          chains, seed, progress=None, **options):
-    """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``)."""
+    """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``): :func:`run_neighbour`
+    on a :class:`~fedmcmc.engines.ray_engine.RayTransport` inside the authenticated session."""
     from .ray_engine import RayTransport, ray_session
     from .ray_security import session_authentication
 
     options = check_engine_options(options, algorithm.name)
+
+    def make_transport(specs):
+        return RayTransport(specs, resources=options.get("client_resources"),
+                            num_cpus=options.get("client_num_cpus", 0))
+
+    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
+                     options.get("allow_unauthenticated_cluster", False)):
+        authentication = session_authentication()  # for info (ray_security.py)
+        result = run_neighbour(algorithm, model, federation, make_transport, "ray", options,
+                               init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
+                               chains=chains, seed=seed, progress=progress)
+    result.info.update(authentication)
+    return result
+
+
+def run_neighbour(algorithm, model, federation, make_transport, engine_label: str,
+                  options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
+                  progress=None):
+    """DULA/GT-DULA with one endpoint per agent on the transport ``make_transport(specs)``
+    builds: every iteration each agent steps with its neighbours' messages of that
+    iteration, relayed agent to agent (``Transport.relay``: on Ray the driver never sees
+    them); the driver reads every agent's state once per kept draw. ``options``: checked
+    engine options (``check_engine_options``)."""
     if options["on_client_failure"] != "stop":
         # an agent's neighbours mix with its state every iteration: leaving it out changes the
         # graph (and may disconnect it), so there is no run to continue
         raise ValueError(
             f"on_client_failure={options['on_client_failure']!r} is not available for "
-            f"{algorithm.name} on engine='ray' (dropping an agent changes the graph); use 'stop'")
+            f"{algorithm.name} on engine={engine_label!r} (dropping an agent changes the graph); "
+            "use 'stop'")
     n = federation.num_clients
     topo = algorithm.topology(n)
     if not federation.is_deferred:
@@ -208,117 +234,114 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
     total = burn_in + num_samples
     floats_per_message = chains * dim * (2 if tracking else 1)
     track = bool(algorithm.gradient_error)
-    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
-                     options.get("allow_unauthenticated_cluster", False)):
-        authentication = session_authentication()  # for info (ray_security.py)
-        transport = RayTransport(specs, resources=options.get("client_resources"),
-                                 num_cpus=options.get("client_num_cpus", 0),
-                                 audit=bool(options.get("audit_messages", False)))
-        if federation.is_deferred:
-            # from_loaders: the agents loaded their rows themselves and report their sizes
-            try:
-                federation = describe_federation(transport, federation, model, init)
-                algorithm._check_batch(federation)
-            except Exception:
-                transport.close()
-                raise
-        ray = transport._ray
-        timeout = options.get("visit_timeout")
-        draws = np.full((chains, total, dim), np.nan, np.float32)
-        agents = np.full((chains, total, n, dim), np.nan, np.float32)
-        consensus = np.full((chains, total), np.nan, np.float32)
-        gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
-        global_gradient = np.full((chains, total, dim), np.nan) if track else None
-        # the spread check of fm.DULA/GTDULA (a consensus error past spread_limit x the Laplace
-        # total variance after burn-in stops the run); None when off
-        spread_limit = getattr(algorithm, "spread_limit_value", None)
-        spread_stop = None  # (draw, consensus errors of the chains) when the check trips
-        done = 0
-        started = time.perf_counter()
-
-        bar = progress_bar(progress, f"{algorithm.name} (ray)", total)
-        last_update = started
-
-        def gather(refs):
-            try:
-                return ray.get(refs, timeout=timeout)
-            except ray.exceptions.GetTimeoutError:
-                raise _failure(None, f"no answer within visit_timeout={timeout:g} s")
-            except ray.exceptions.RayError as error:
-                raise _failure(None, f"{type(error).__name__}")
-
-        def record_gradient_terms(index, replies):
-            # replies[i] = (d_i, grad E_i(w_bar)) of agent i, each (chains, dim)
-            for i, reply in enumerate(replies):
-                transport.record("from_clients", i, "gradient_terms", reply)
-            directions = np.stack([r[0] for r in replies], axis=1).astype(np.float64)
-            u_bar = np.mean([r[1] for r in replies], axis=0, dtype=np.float64)  # (chains, dim)
-            gradient_error[:, index] = np.sqrt(
-                np.sum((directions - u_bar[:, None, :]) ** 2, axis=(1, 2)))
-            # sum_i grad E_i(w_bar): the network average's bias estimate (info["bias_estimate"])
-            global_gradient[:, index] = n * u_bar
-
-        pending = None  # (draw index, refs) of the gradient terms not read yet
+    transport = with_fault_injection(make_transport(specs), options.get("fault_injection"),
+                                     "step")
+    transport.audit = bool(options.get("audit_messages", False))
+    if federation.is_deferred:
+        # from_loaders: the agents loaded their rows themselves and report their sizes
         try:
-            refs = [actor.message.remote() for actor in transport.actors]
-            k = 0
-            while done < total:
-                for _ in range(thin):
-                    refs = [
-                        transport.actors[i].step.remote(k, *[refs[j] for j in neighbours[i]])
-                        for i in range(n)
-                    ]
-                    k += 1
-                if pending is None:
-                    messages = gather(refs)
-                else:
-                    replies = gather(refs + pending[1])
-                    messages = replies[:n]
-                    record_gradient_terms(pending[0], replies[n:])
-                    pending = None
-                for i, message in enumerate(messages):
-                    transport.record("from_clients", i, "step", message)
-                w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
-                w_bar = w.mean(axis=1)
-                agents[:, done] = w
-                draws[:, done] = w_bar
-                consensus[:, done] = np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n
-                finite = np.all(np.isfinite(w), axis=(1, 2))
-                if not finite.all() or (spread_limit is not None and done >= burn_in
-                                        and np.any(consensus[:, done] > spread_limit)):
-                    spread_stop = (done, consensus[:, done].copy())
-                    draws[:, done] = np.nan
-                    done += 1
-                    break
-                if track and done >= burn_in:
-                    # queued after this draw's iteration and before the next one's: read with
-                    # the next gather
-                    for i in range(n):
-                        transport.record("to_clients", i, "gradient_terms", (w_bar,))
-                    pending = (done, [actor.gradient_terms.remote(w_bar)
-                                      for actor in transport.actors])
-                done += 1
-                now = time.perf_counter()
-                if bar is not None and (now - last_update > 0.5 or done == total):
-                    bar[0].update(bar[1], completed=done,
-                                  rate=f"{done * thin / max(now - started, 1e-9):,.1f} it/s")
-                    last_update = now
-            if pending is not None:
-                record_gradient_terms(pending[0], gather(pending[1]))
-                pending = None
-        except ClientFailureError as error:
-            error.result = _result(algorithm, flat_model, draws, agents, consensus,
-                                   gradient_error, done, burn_in, thin, chains, topo, neighbours,
-                                   floats_per_message, started, transport)
-            raise
-        finally:
-            if bar is not None:
-                bar[0].stop()
+            federation = describe_federation(transport, federation, model, init)
+            algorithm._check_batch(federation)
+        except Exception:
             transport.close()
+            raise
+    timeout = options.get("visit_timeout")
+    draws = np.full((chains, total, dim), np.nan, np.float32)
+    agents = np.full((chains, total, n, dim), np.nan, np.float32)
+    consensus = np.full((chains, total), np.nan, np.float32)
+    gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
+    global_gradient = np.full((chains, total, dim), np.nan) if track else None
+    # the spread check of fm.DULA/GTDULA (a consensus error past spread_limit x the Laplace
+    # total variance after burn-in stops the run); None when off
+    spread_limit = getattr(algorithm, "spread_limit_value", None)
+    spread_stop = None  # (draw, consensus errors of the chains) when the check trips
+    done = 0
+    started = time.perf_counter()
+
+    bar = progress_bar(progress, f"{algorithm.name} ({engine_label})", total)
+    last_update = started
+
+    def gather(pendings):
+        """The replies of ``pendings`` in order (each read and counted once)."""
+        waiting = list(pendings)
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while waiting:
+            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            ready, waiting = transport.wait(waiting, timeout=left)
+            if not ready:
+                raise _failure(waiting[0].client,
+                               f"no answer within visit_timeout={timeout:g} s")
+        replies = []
+        for pending in pendings:
+            try:
+                replies.append(transport.result(pending))
+            except ClientFailure as failure:
+                raise _failure(failure.client, failure.reason) from None
+        return replies
+
+    def record_gradient_terms(index, replies):
+        # replies[i] = (d_i, grad E_i(w_bar)) of agent i, each (chains, dim)
+        directions = np.stack([r[0] for r in replies], axis=1).astype(np.float64)
+        u_bar = np.mean([r[1] for r in replies], axis=0, dtype=np.float64)  # (chains, dim)
+        gradient_error[:, index] = np.sqrt(
+            np.sum((directions - u_bar[:, None, :]) ** 2, axis=(1, 2)))
+        # sum_i grad E_i(w_bar): the network average's bias estimate (info["bias_estimate"])
+        global_gradient[:, index] = n * u_bar
+
+    pending = None  # (draw index, refs) of the gradient terms not read yet
+    try:
+        refs = [transport.relay(i, "message") for i in range(n)]
+        k = 0
+        while done < total:
+            for _ in range(thin):
+                refs = [transport.relay(i, "step", k, *[refs[j] for j in neighbours[i]])
+                        for i in range(n)]
+                k += 1
+            if pending is None:
+                messages = gather(refs)
+            else:
+                replies = gather(refs + pending[1])
+                messages = replies[:n]
+                record_gradient_terms(pending[0], replies[n:])
+                pending = None
+            w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
+            w_bar = w.mean(axis=1)
+            agents[:, done] = w
+            draws[:, done] = w_bar
+            consensus[:, done] = np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n
+            finite = np.all(np.isfinite(w), axis=(1, 2))
+            if not finite.all() or (spread_limit is not None and done >= burn_in
+                                    and np.any(consensus[:, done] > spread_limit)):
+                spread_stop = (done, consensus[:, done].copy())
+                draws[:, done] = np.nan
+                done += 1
+                break
+            if track and done >= burn_in:
+                # queued after this draw's iteration and before the next one's: read with
+                # the next gather
+                pending = (done, [transport.call(i, "gradient_terms", w_bar)
+                                  for i in range(n)])
+            done += 1
+            now = time.perf_counter()
+            if bar is not None and (now - last_update > 0.5 or done == total):
+                bar[0].update(bar[1], completed=done,
+                              rate=f"{done * thin / max(now - started, 1e-9):,.1f} it/s")
+                last_update = now
+        if pending is not None:
+            record_gradient_terms(pending[0], gather(pending[1]))
+            pending = None
+    except ClientFailureError as error:
+        error.result = _result(algorithm, flat_model, draws, agents, consensus,
+                               gradient_error, done, burn_in, thin, chains, topo, neighbours,
+                               floats_per_message, started, transport, engine_label)
+        raise
+    finally:
+        if bar is not None:
+            bar[0].stop()
+        transport.close()
     result = _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done,
                      burn_in, thin, chains, topo, neighbours, floats_per_message, started,
-                     transport)
-    result.info.update(authentication)
+                     transport, engine_label)
     if spread_stop is not None:
         draw, errors = spread_stop
         bad = ~np.isfinite(errors)
@@ -337,7 +360,7 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
         else:
             cause = "an agent's state became non-finite; lower step_size or beta"
         raise SamplingDivergedError(
-            f"{algorithm.name} (ray): {len(stopped)} chain(s) stopped by iteration "
+            f"{algorithm.name} ({engine_label}): {len(stopped)} chain(s) stopped by iteration "
             f"{(draw + 1) * thin}: {cause}. The draws made before are in error.result",
             result, stopped, details)
     if global_gradient is not None and done > burn_in:
@@ -357,7 +380,8 @@ def _failure(client: Optional[int], reason: str) -> ClientFailureError:
 
 
 def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done, burn_in,
-            thin, chains, topo, neighbours, floats_per_message, started, transport):
+            thin, chains, topo, neighbours, floats_per_message, started, transport,
+            engine_label):
     iterations = done * thin
     directed = sum(len(nb) for nb in neighbours)
     between = iterations * directed
@@ -366,7 +390,7 @@ def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, don
     counts, nbytes, floats = transport.counts, transport.bytes, transport.floats
     info = {
         "algorithm": algorithm.name,
-        "engine": "ray",
+        "engine": engine_label,
         "beta": algorithm.beta,
         "chains": chains,
         "iterations": iterations,

@@ -97,6 +97,14 @@ class RayTransport(Transport):
             handle = getattr(self.actors[client], method).remote(*args)
         return Pending(client, method, handle, tag)
 
+    def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
+        if client in self._dead:
+            return Pending(client, method, None, tag)
+        # a Pending argument travels as its object reference: Ray hands the value to this
+        # actor from the actor that computed it
+        refs = [a.handle if isinstance(a, Pending) else a for a in args]
+        return Pending(client, method, getattr(self.actors[client], method).remote(*refs), tag)
+
     def wait(self, pendings, timeout):
         pendings = list(pendings)
         dead = [p for p in pendings if p.handle is None]
