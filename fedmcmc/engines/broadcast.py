@@ -44,7 +44,7 @@ from ..protocols import ClientContext
 from .comm import ClientEndpoint, ClientFailure, Transport
 from .local import ChainRun, default_chunk_size
 
-__all__ = ["BroadcastClient", "BroadcastDraw", "gather_replies", "run_remote_chains"]
+__all__ = ["BroadcastClient", "BroadcastDraw", "run_remote_chains"]
 
 
 # ----------------------------------------------------------------------------- client side
@@ -89,22 +89,6 @@ class BroadcastClient(ClientEndpoint):
 
 
 # ----------------------------------------------------------------------------- server side
-
-
-def gather_replies(transport: Transport, pendings, timeout: Optional[float]) -> Dict[int, Any]:
-    """Replies by client; a client that fails or does not answer in time raises
-    :class:`ClientFailure` (the caller decides between stopping and dropping it)."""
-    replies: Dict[int, Any] = {}
-    waiting = list(pendings)
-    deadline = None if timeout is None else time.perf_counter() + timeout
-    while waiting:
-        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        ready, waiting = transport.wait(waiting, timeout=left)
-        if not ready:
-            raise ClientFailure(waiting[0].client, f"no answer within {timeout:g} s")
-        for pending in ready:
-            replies[pending.client] = transport.result(pending)
-    return replies
 
 
 class BroadcastDraw:

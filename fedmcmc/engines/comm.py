@@ -42,6 +42,8 @@ __all__ = [
     "ClientEndpoint",
     "describe_federation",
     "call_all",
+    "gather",
+    "gather_before_sampling",
     "FaultInjectingTransport",
     "with_fault_injection",
 ]
@@ -264,27 +266,44 @@ class ClientEndpoint:
         return describe_client(self.data)
 
 
+def gather(transport: "Transport", pendings: Sequence[Pending],
+           timeout: Optional[float]) -> List[Any]:
+    """Wait for every reply of ``pendings`` (``timeout`` seconds in all, ``None``: no limit)
+    and read them in order. The one gather of the engines: a client that does not answer in
+    time or that failed raises :class:`ClientFailure` naming it; the caller decides what that
+    means (stop, drop the client, or a set-up error)."""
+    waiting = list(pendings)
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    while waiting:
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        ready, waiting = transport.wait(waiting, timeout=left)
+        if not ready:
+            raise ClientFailure(waiting[0].client,
+                                f"no answer within visit_timeout={timeout:g} s")
+    return [transport.result(pending) for pending in pendings]
+
+
+def gather_before_sampling(transport: "Transport", pendings: Sequence[Pending],
+                           timeout: Optional[float]) -> List[Any]:
+    """:func:`gather` during set-up: a failure is a :class:`ClientFailureError` without a
+    result (nothing was sampled yet) that names the message."""
+    try:
+        return gather(transport, pendings, timeout)
+    except ClientFailure as failure:
+        method = next((p.method for p in pendings if p.client == failure.client), "set-up")
+        raise ClientFailureError(
+            f"client {failure.client} failed during {method!r} before sampling started: "
+            f"{failure.reason}", None, failure.client, failure.reason) from None
+
+
 def call_all(transport: "Transport", method: str, *args, clients: Optional[Sequence[int]] = None,
              timeout: Optional[float] = None) -> List[Any]:
     """Send ``method(*args)`` to every client (or ``clients``) and return the replies in
     order; a client that fails or does not answer within ``timeout`` raises
     :class:`ClientFailureError` (no result: nothing was sampled yet)."""
     clients = list(range(transport.num_clients)) if clients is None else list(clients)
-    pendings = [transport.call(client, method, *args) for client in clients]
-    replies = []
-    for pending in pendings:
-        ready, _ = transport.wait([pending], timeout=timeout)
-        if not ready:
-            raise ClientFailureError(
-                f"client {pending.client} did not answer {method!r} within {timeout} s",
-                None, pending.client, "timeout")
-        try:
-            replies.append(transport.result(pending))
-        except ClientFailure as failure:
-            raise ClientFailureError(
-                f"client {failure.client} failed during {method!r} before sampling started: "
-                f"{failure.reason}", None, failure.client, failure.reason) from None
-    return replies
+    return gather_before_sampling(
+        transport, [transport.call(client, method, *args) for client in clients], timeout)
 
 
 def describe_federation(transport: "Transport", federation: Federation, model, init):

@@ -43,7 +43,8 @@ from ..progress import progress_bar
 from ..protocols import ClientContext, HandoffProtocol, ServerSide, draw_client
 from ..results import Result, SamplingDivergedError
 from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
-                   Transport, call_all, describe_federation, with_fault_injection)
+                   Transport, call_all, describe_federation, gather_before_sampling,
+                   with_fault_injection)
 from .local import iteration_key
 from .options import check_engine_options
 
@@ -443,7 +444,7 @@ def sample_handoff(
         def ask(name, args_of_client, clients=None):
             clients = list(range(num_clients)) if clients is None else list(clients)
             pendings = [transport.call(s, "setup", name, *args_of_client(s)) for s in clients]
-            return [_wait_result(transport, p, timeout[0]) for p in pendings]
+            return gather_before_sampling(transport, pendings, timeout[0])
 
         server = ServerSide(ask=ask, flat_model=flat_model, theta0=theta0,
                             num_clients=num_clients, seed=int(seed), info=info)
@@ -455,9 +456,9 @@ def sample_handoff(
             if len(parameters) != len(kept):
                 raise ValueError(f"{protocol.name}.client_parameters returned "
                                  f"{len(parameters)} entries for {len(kept)} clients")
-            pendings = [transport.call(s, "configure", p) for s, p in zip(kept, parameters)]
-            for p in pendings:
-                _wait_result(transport, p, timeout[0])
+            gather_before_sampling(
+                transport, [transport.call(s, "configure", p) for s, p in zip(kept, parameters)],
+                timeout[0])
 
         configure(weights)
         timeout[0] = visit_timeout  # after a drop, reconfiguring is bounded like a visit
@@ -502,22 +503,6 @@ def sample_handoff(
             result, result.info["diverged_chains"], details,
         )
     return result
-
-
-def _wait_result(transport: Transport, pending, timeout: Optional[float]):
-    ready, _ = transport.wait([pending], timeout=timeout)
-    if not ready:
-        raise ClientFailureError(
-            f"client {pending.client} did not answer {pending.method!r} within {timeout} s",
-            None, pending.client, "timeout",
-        )
-    try:
-        return transport.result(pending)
-    except ClientFailure as failure:
-        raise ClientFailureError(
-            f"client {failure.client} failed during {pending.method!r} before sampling "
-            f"started: {failure.reason}", None, failure.client, failure.reason,
-        ) from None
 
 
 def _result_of(run: HandoffRun, name: str, flat_model, base_info, transport, burn_in, chains,

@@ -46,6 +46,7 @@ from ..minibatch import likelihood_gradient, take_minibatch
 from ..progress import progress_bar
 from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, describe_federation,
                    with_fault_injection)
+from .comm import gather as comm_gather
 from .local import iteration_key
 from ..diagnostics import bias_estimate
 from ..model import unravel_draws_numpy
@@ -263,21 +264,10 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
 
     def gather(pendings):
         """The replies of ``pendings`` in order (each read and counted once)."""
-        waiting = list(pendings)
-        deadline = None if timeout is None else time.perf_counter() + timeout
-        while waiting:
-            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-            ready, waiting = transport.wait(waiting, timeout=left)
-            if not ready:
-                raise _failure(waiting[0].client,
-                               f"no answer within visit_timeout={timeout:g} s")
-        replies = []
-        for pending in pendings:
-            try:
-                replies.append(transport.result(pending))
-            except ClientFailure as failure:
-                raise _failure(failure.client, failure.reason) from None
-        return replies
+        try:
+            return comm_gather(transport, pendings, timeout)
+        except ClientFailure as failure:
+            raise _failure(failure.client, failure.reason) from None
 
     def record_gradient_terms(index, replies):
         # replies[i] = (d_i, grad E_i(w_bar)) of agent i, each (chains, dim)

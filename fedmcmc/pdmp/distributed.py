@@ -30,8 +30,8 @@ import numpy as np
 
 from ..federation import Federation
 from ..protocols import ClientContext
-from ..engines.broadcast import BroadcastClient, BroadcastDraw, gather_replies, run_remote_chains
-from ..engines.comm import (ClientFailure, ClientFailureError, call_all, describe_federation,
+from ..engines.broadcast import BroadcastClient, BroadcastDraw, run_remote_chains
+from ..engines.comm import (call_all, describe_federation, gather_before_sampling,
                             with_fault_injection)
 from . import federated
 from .setup import newton, worker_summaries
@@ -238,19 +238,13 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
                                 with_protocol=True)
         (cfg, _, fed_states, k_run, out_model, info, on_violation, protocol, prior_part,
          workers) = built
-        pendings = [transport.call(m, "configure", cfg, prior_part, float(workers.rho[m]),
-                                   float(workers.cv_weight[m])) for m in range(M)]
-        try:
-            gather_replies(transport, pendings, None)
-            locations = gather_replies(
-                transport, [transport.call(m, "location") for m in range(M)], None)
-        except ClientFailure as failure:
-            raise ClientFailureError(
-                f"worker {failure.client} failed while being configured: {failure.reason}",
-                None, failure.client, failure.reason) from None
+        gather_before_sampling(transport, [
+            transport.call(m, "configure", cfg, prior_part, float(workers.rho[m]),
+                           float(workers.cv_weight[m])) for m in range(M)], None)
+        locations = call_all(transport, "location")
         info.update(
             engine=engine_label, on_client_failure=policy, visit_timeout=timeout,
-            client_locations=[locations[m] for m in range(M)],
+            client_locations=locations,
             setup_time=time.perf_counter() - setup_started,
             newton_rounds_messages=access.newton_rounds)
         draw = BroadcastDraw(transport, cfg.num_workers, cfg.max_iterations_per_draw,
