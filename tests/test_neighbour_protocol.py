@@ -9,7 +9,7 @@ import pytest
 
 import fedmcmc as fm
 from fedmcmc.engines.comm import ClientFailureError, InProcessTransport
-from fedmcmc.engines.neighbour import run_neighbour
+from fedmcmc.decentralised.distributed import run_neighbour
 from fedmcmc.engines.options import check_engine_options
 
 DIM = 2

@@ -324,7 +324,7 @@ def _decentralised_identity(algorithm):
     # audit: every array an agent sends the driver is one d-vector per chain
     audit = info["client_message_audit"]
     assert len(audit) == info["messages_from_clients"]
-    assert {m for _, m, _ in audit} == {"step", "gradient_terms"}
+    assert {m for _, m, _ in audit} == {"step", "setup"}
     for agent, method, arrays in audit:
         for shape, _dtype in arrays:
             assert tuple(shape) == (chains, d), (agent, method, shape)

@@ -45,6 +45,7 @@ from ..results import Result, SamplingDivergedError
 from ..schedules import decaying_schedule
 from . import graphs as graph_module
 from . import kernels, tuning
+from .distributed import sample_decentralised
 
 __all__ = ["DULA", "GTDULA", "NetworkBiasWarning"]
 
@@ -117,7 +118,7 @@ def _chunk_size(total: int) -> int:
 
 class _Decentralised(Algorithm):
     tracking: bool = False
-    #: "ray": one Ray actor per agent, neighbour exchange actor to actor (``engines/neighbour.py``)
+    #: "ray": one Ray actor per agent, neighbour exchange actor to actor (``decentralised/distributed.py``)
     engines = ("local", "ray")
     divergence_threshold: float = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS`` on the local
@@ -279,8 +280,6 @@ class _Decentralised(Algorithm):
             topo, settings.beta, settings.gamma, self.condition, stacklevel=4
         )
         if engine == "ray":
-            from ..engines.neighbour import sample_decentralised
-
             resolved = self._resolved(settings)
             result = sample_decentralised(
                 resolved, model, federation, init=init,

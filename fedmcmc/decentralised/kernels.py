@@ -49,6 +49,8 @@ from ..rng import normal, split_key, uniform  # bit for bit jax.random's (fedmcm
 __all__ = [
     "DULAState",
     "GTDULAState",
+    "consensus_langevin_step",
+    "tracker_step",
     "local_gradient_fn",
     "full_gradient_fn",
     "dula_init",
@@ -161,8 +163,21 @@ def local_gradient_fn(
     return gradients
 
 
-def _noise(key, positions, alpha, n):
-    return jnp.sqrt(2.0 * alpha * n) * normal(key, positions.shape, positions.dtype)
+def consensus_langevin_step(mixed, drift, alpha, n: int, noise=None):
+    """Equations (3) and (7), given the mixed positions ``W_beta w`` (all agents, or one
+    agent's row): ``W_beta w - alpha n drift + sqrt(2 alpha n) v``, with ``drift`` DULA's
+    g_hat(w) or GT-DULA's tracker d and ``noise`` the standard normal v (``None``: no noise).
+    The in-process kernels below and the agents of ``decentralised.distributed`` both call
+    it, so the update is written once."""
+    new = mixed - alpha * n * drift
+    if noise is not None:
+        new = new + jnp.sqrt(2.0 * alpha * n) * noise
+    return new
+
+
+def tracker_step(mixed_tracker, new_gradient, old_gradient):
+    """Equation (8), given the mixed trackers ``W_gamma d``: ``W_gamma d + g_hat_{k+1} - g_hat_k``."""
+    return mixed_tracker + (new_gradient - old_gradient)
 
 
 # ----------------------------------------------------------------------- DULA
@@ -187,9 +202,8 @@ def dula_kernel(
         w = state.position
         alpha = jnp.asarray(schedule(state.iteration), dtype=w.dtype)
         g = local_gradient(key_grad, w)
-        new = mix(w, beta) - alpha * n * g
-        if noise:
-            new = new + _noise(key_noise, w, alpha, n)
+        v = normal(key_noise, w.shape, w.dtype) if noise else None
+        new = consensus_langevin_step(mix(w, beta), g, alpha, n, v)
         return DULAState(position=new, iteration=state.iteration + 1)
 
     return step
@@ -226,11 +240,10 @@ def gtdula_kernel(
         key_grad, key_noise = split_key(key)
         w, d = state.position, state.tracker
         alpha = jnp.asarray(schedule(state.iteration), dtype=w.dtype)
-        new_w = mix(w, beta) - alpha * n * d
-        if noise:
-            new_w = new_w + _noise(key_noise, w, alpha, n)
+        v = normal(key_noise, w.shape, w.dtype) if noise else None
+        new_w = consensus_langevin_step(mix(w, beta), d, alpha, n, v)
         new_g = local_gradient(key_grad, new_w)
-        new_d = mix(d, gamma) + (new_g - state.gradient)
+        new_d = tracker_step(mix(d, gamma), new_g, state.gradient)
         return GTDULAState(
             position=new_w, tracker=new_d, gradient=new_g, iteration=state.iteration + 1
         )

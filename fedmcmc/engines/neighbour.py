@@ -1,419 +1,61 @@
-"""DULA / GT-DULA on Ray: one actor per agent, neighbour exchange actor to actor.
+"""The neighbour-exchange engine (DULA/GT-DULA's pattern) over a :class:`~.comm.Transport`.
 
-Each agent actor holds its own data and, for every chain at once, its state
-(w_i and, for GT-DULA, the tracker d_i and last local gradient g_i). Iteration k
-of agent i is the call ``agent_i.step(k, *messages_of_neighbours_at_k)``: the
-arguments are Ray object references to the neighbours' outgoing messages of the
-previous iteration, which Ray resolves from the object store of the neighbour's
-node -- the driver only passes references, it never relays the states. The
-reply is agent i's own outgoing message (w_i[, d_i] for all chains). Every
-``thin`` iterations the driver reads the agents' messages (a gather) to form the
-kept draw, the network average (1/n) sum_i w_i.
-
-Gradient error (``gradient_error=True``, the in-process engine's
-``kernels.tracking_error``, section 4.3): ||d - 1 (x) u_bar|| with
-u_bar = (1/n) sum_i grad E_i(w_bar) and d_i the tracker (GT-DULA) or the exact
-local gradient grad E_i(w_i) (DULA). At a kept draw the driver sends every agent
-the draw w_bar (one vector of d floats per chain, the draw it has just formed);
-agent i answers with d_i and grad E_i(w_bar), computed on its own full data
-(two parameter-sized vectors per chain), and the driver forms u_bar and the
-norm. The call is queued behind the kept iteration and ahead of the next one
-(an actor runs one caller's calls in order) and its reply is read with the next
-gather, so it does not add a round trip. These messages go through the
-transport's counters (``messages_to_clients``, ``bytes_to_clients``,
-``messages_from_clients``, ``bytes_from_clients``; ``audit_messages``).
-
-The update of agent i is row i of the in-process kernels (``decentralised.kernels``):
-``w_i <- w_i - beta (L w)_i - alpha n g_i + sqrt(2 alpha n) v_i`` (DULA, eq. (3))
-and, for GT-DULA, eq. (7)-(8) with the trackers. The random streams are the
-in-process engine's (noise: row i of the (n, d) normal draw of that iteration's
-key; minibatch: the i-th of the n keys split from it), so the draws equal
-``engine="local"``'s up to float rounding.
-
-Not here (yet): client failures other than stopping with an error.
+No server: every iteration each agent updates from its neighbours' messages of the
+previous iteration. The engine's part is the generic agent endpoint below (a Ray actor
+on the Ray engine, an object on the in-process transport), which holds the agent's
+data and runs the family's client-side functions on it, and ``Transport.relay``,
+which hands an agent's reply to its neighbours agent to agent (on Ray as object
+references: the driver never relays the states). The family composes them
+(``fedmcmc.decentralised.distributed``). This module knows no family.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ..minibatch import likelihood_gradient, take_minibatch
-from ..progress import progress_bar
-from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, describe_federation,
-                   with_fault_injection)
-from .comm import gather as comm_gather
-from .local import iteration_key
-from ..diagnostics import bias_estimate
-from ..model import unravel_draws_numpy
-from ..results import Result, SamplingDivergedError
-from ..schedules import decaying_schedule
-from .options import check_engine_options
+from ..federation import ConcatenatedData
+from ..protocols import ClientContext
+from .comm import ClientEndpoint
 
-__all__ = ["AgentClient", "sample_decentralised"]
+__all__ = ["NeighbourClient"]
 
 
-class AgentClient(ClientEndpoint):
-    """Agent i of DULA/GT-DULA: its data, its state for every chain, its row of the Laplacian.
+class NeighbourClient(ClientEndpoint):
+    """One agent of a neighbour-exchange protocol: its data and the family's functions.
 
-    ``source``: the agent's data or its loader (called here, in the agent's process)."""
+    ``functions`` has methods ``client_<name>(context, *args)``, run here on a
+    :class:`~fedmcmc.protocols.ClientContext` holding only this agent's rows;
+    ``client_start(context, *start)`` runs once at construction (``start``: the agent's
+    place in the graph). Messages: ``message()`` (its outgoing message), ``step(k,
+    *neighbour_messages)`` (iteration k from its neighbours' messages; returns the new
+    outgoing message) and ``setup(name, *args)`` (other questions, e.g. gradient terms)."""
 
-    def __init__(self, index: int, source: Any, model, init: Any, spec: Dict[str, Any]):
+    def __init__(self, index: int, source: Any, model, init: Any, functions: Any,
+                 num_clients: int, seed: int, start: tuple = ()):
         super().__init__(index, source)
-        self.spec = dict(spec)
-        flat = model.flatten(init)
-        self.flat_model = flat
-        self.data = jax.tree_util.tree_map(jnp.asarray, self.data)
-        n, chains, dim = spec["n"], spec["chains"], flat.dim
-        self.schedule = decaying_schedule(spec["step_size"], spec["decay_every"], spec["decay_factor"])
-        self.neighbours: List[int] = list(spec["neighbours"])
-        self.own_coefficient = float(spec["laplacian_row"][self.index])
-        self.neighbour_coefficients = np.asarray(
-            [spec["laplacian_row"][j] for j in self.neighbours], np.float32
-        )
-        root = jax.random.key(spec["seed"])
-        batch_size = spec["batch_size"]
-        i = self.index
+        self.functions = functions
+        self.context = ClientContext(
+            index=self.index, flat_model=model.flatten(init), model=model, init=init,
+            data=ConcatenatedData(data=self.data, offsets=np.zeros((1,), np.int32),
+                                  sizes=np.full((1,), self.size, np.int32)),
+            raw_data=self.data, size=self.size, num_clients=int(num_clients), seed=int(seed),
+            store={})
+        self._call("start", *start)
 
-        def full_gradient(theta):
-            """Row i of ``kernels.full_gradient_fn``: -grad log p(X_i|w) - grad log p(w)/n."""
-            return -flat.grad_log_likelihood_sum(theta, self.data) - flat.grad_log_prior(theta) / n
-
-        def gradient(key, theta):
-            """Row i of ``kernels.local_gradient_fn``: -(M_i/min(m, M_i)) grad log p(X_hat_i|w) - grad log p(w)/n."""
-            if batch_size is None:
-                return full_gradient(theta)
-            agent_key = jax.random.split(key, n)[i]
-            u = jax.random.uniform(agent_key, (batch_size,))
-            # the library's one minibatch rule (batch_size an upper bound: fedmcmc.minibatch)
-            batch = take_minibatch(u, self.data, 0, jnp.int32(self.size),
-                                   may_be_smaller=self.size < batch_size)
-            return -likelihood_gradient(flat, theta, batch) - flat.grad_log_prior(theta) / n
-
-        tracking, noise = spec["tracking"], spec["noise"]
-        beta, gamma = spec["beta"], spec.get("gamma")
-        own = self.own_coefficient
-        thin = spec["thin"]
-
-        def mix(x, neighbours_x, coefficient, weights):
-            # (W x)_i = x_i - coefficient (L_ii x_i + sum_j L_ij x_j)
-            lx = own * x + jnp.tensordot(weights, neighbours_x, axes=1) if neighbours_x.shape[0] else own * x
-            return x - coefficient * lx
-
-        def one_chain(chain, k, w, d, g, neighbours_w, neighbours_d, weights):
-            key = iteration_key(root, chains, thin, chain, k)
-            key_grad, key_noise = jax.random.split(key)
-            alpha = jnp.asarray(self.schedule(k), w.dtype)
-            drift = d if tracking else gradient(key_grad, w)
-            new_w = mix(w, neighbours_w, beta, weights) - alpha * n * drift
-            if noise:
-                v = jax.random.normal(key_noise, (n, dim), w.dtype)[i]
-                new_w = new_w + jnp.sqrt(2.0 * alpha * n) * v
-            if tracking:
-                new_g = gradient(key_grad, new_w)
-                new_d = mix(d, neighbours_d, gamma, weights) + (new_g - g)
-                return new_w, new_d, new_g
-            return new_w, d, g
-
-        @jax.jit
-        def step(k, w, d, g, neighbours_w, neighbours_d, weights):
-            # neighbours_*: (num_neighbours, chains, dim) -> per chain (num_neighbours, dim)
-            return jax.vmap(one_chain, in_axes=(0, None, 0, 0, 0, 1, 1, None))(
-                jnp.arange(chains), k, w, d, g, neighbours_w, neighbours_d, weights
-            )
-
-        @jax.jit
-        def gradient_terms(w, d, w_bar):
-            # this agent's part of kernels.tracking_error, per chain: its direction (the
-            # tracker d_i, or DULA's exact local gradient grad E_i(w_i)) and grad E_i(w_bar)
-            direction = d if tracking else jax.vmap(full_gradient)(w)
-            return direction, jax.vmap(full_gradient)(w_bar)
-
-        self._step = step
-        self._gradient_terms = gradient_terms
-        theta0 = flat.ravel(init)
-        self.w = jnp.broadcast_to(theta0, (chains, dim))
-        if tracking:
-            init_keys = jax.random.split(jax.random.fold_in(root, 2**20), chains)
-            self.g = jax.vmap(lambda key: gradient(key, theta0))(init_keys)
-            self.d = self.g
-        else:
-            self.g = self.d = jnp.zeros((chains, dim), theta0.dtype)
+    def _call(self, name: str, *args):
+        function = getattr(self.functions, f"client_{name}", None) if name.isidentifier() else None
+        if function is None:
+            raise ValueError(f"{type(self.functions).__name__} has no client-side function "
+                             f"{name!r}")
+        return function(self.context, *args)
 
     def message(self):
-        """The outgoing message: w_i (and d_i for GT-DULA), for every chain."""
-        if self.spec["tracking"]:
-            return np.asarray(self.w), np.asarray(self.d)
-        return np.asarray(self.w), None
+        return self._call("message")
 
     def step(self, k: int, *neighbour_messages):
-        """Iteration k with the neighbours' messages of iteration k; returns the new message."""
-        chains, dim = self.w.shape
-        if neighbour_messages:
-            nw = np.stack([m[0] for m in neighbour_messages])
-            nd = np.stack([m[1] for m in neighbour_messages]) if self.spec["tracking"] else nw
-        else:
-            nw = nd = np.zeros((0, chains, dim), np.float32)
-        self.w, self.d, self.g = self._step(
-            np.int32(k), self.w, self.d, self.g, nw, nd, self.neighbour_coefficients
-        )
-        return self.message()
+        return self._call("step", k, *neighbour_messages)
 
-    def gradient_terms(self, w_bar):
-        """For the gradient error at a kept draw: ``(d_i, grad E_i(w_bar))``, each ``(chains, d)``.
-
-        ``w_bar``: the kept draw (network average) of every chain, ``(chains, d)``.
-        """
-        w_bar = jnp.asarray(w_bar, self.w.dtype)
-        direction, at_average = self._gradient_terms(self.w, self.d, w_bar)
-        return np.asarray(direction), np.asarray(at_average)
-
-
-def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
-                         chains, seed, progress=None, **options):
-    """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``): :func:`run_neighbour`
-    on a :class:`~fedmcmc.engines.ray_engine.RayTransport` inside the authenticated session."""
-    from .ray_engine import RayTransport, ray_session
-    from .ray_security import session_authentication
-
-    options = check_engine_options(options, algorithm.name)
-
-    def make_transport(specs):
-        return RayTransport(specs, resources=options.get("client_resources"),
-                            num_cpus=options.get("client_num_cpus", 0))
-
-    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
-                     options.get("allow_unauthenticated_cluster", False)):
-        authentication = session_authentication()  # for info (ray_security.py)
-        result = run_neighbour(algorithm, model, federation, make_transport, "ray", options,
-                               init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                               chains=chains, seed=seed, progress=progress)
-    result.info.update(authentication)
-    return result
-
-
-def run_neighbour(algorithm, model, federation, make_transport, engine_label: str,
-                  options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
-                  progress=None):
-    """DULA/GT-DULA with one endpoint per agent on the transport ``make_transport(specs)``
-    builds: every iteration each agent steps with its neighbours' messages of that
-    iteration, relayed agent to agent (``Transport.relay``: on Ray the driver never sees
-    them); the driver reads every agent's state once per kept draw. ``options``: checked
-    engine options (``check_engine_options``)."""
-    if options["on_client_failure"] != "stop":
-        # an agent's neighbours mix with its state every iteration: leaving it out changes the
-        # graph (and may disconnect it), so there is no run to continue
-        raise ValueError(
-            f"on_client_failure={options['on_client_failure']!r} is not available for "
-            f"{algorithm.name} on engine={engine_label!r} (dropping an agent changes the graph); "
-            "use 'stop'")
-    n = federation.num_clients
-    topo = algorithm.topology(n)
-    if not federation.is_deferred:
-        algorithm._check_batch(federation)
-    flat_model = model.flatten(init)
-    dim = flat_model.dim
-    laplacian = np.asarray(topo.laplacian, np.float64)
-    tracking = bool(algorithm.tracking)
-    base = {
-        "n": n, "chains": int(chains), "thin": int(thin), "seed": int(seed),
-        "beta": float(algorithm.beta), "gamma": algorithm._gamma(), "tracking": tracking,
-        "batch_size": algorithm.batch_size, "noise": algorithm.noise,
-        "step_size": algorithm.step_size, "decay_every": algorithm.decay_every,
-        "decay_factor": algorithm.decay_factor,
-    }
-    neighbours = [[j for j in range(n) if j != i and laplacian[i, j] != 0] for i in range(n)]
-    sources = federation.client_sources()
-    specs = []
-    for i in range(n):
-        spec = dict(base, neighbours=neighbours[i], laplacian_row=laplacian[i].tolist())
-        specs.append((AgentClient, (i, sources[i], model, init, spec)))
-    total = burn_in + num_samples
-    floats_per_message = chains * dim * (2 if tracking else 1)
-    track = bool(algorithm.gradient_error)
-    transport = with_fault_injection(make_transport(specs), options.get("fault_injection"),
-                                     "step")
-    transport.audit = bool(options.get("audit_messages", False))
-    if federation.is_deferred:
-        # from_loaders: the agents loaded their rows themselves and report their sizes
-        try:
-            federation = describe_federation(transport, federation, model, init)
-            algorithm._check_batch(federation)
-        except Exception:
-            transport.close()
-            raise
-    timeout = options.get("visit_timeout")
-    draws = np.full((chains, total, dim), np.nan, np.float32)
-    agents = np.full((chains, total, n, dim), np.nan, np.float32)
-    consensus = np.full((chains, total), np.nan, np.float32)
-    gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
-    global_gradient = np.full((chains, total, dim), np.nan) if track else None
-    # the spread check of fm.DULA/GTDULA (a consensus error past spread_limit x the Laplace
-    # total variance after burn-in stops the run); None when off
-    spread_limit = getattr(algorithm, "spread_limit_value", None)
-    spread_stop = None  # (draw, consensus errors of the chains) when the check trips
-    done = 0
-    started = time.perf_counter()
-
-    bar = progress_bar(progress, f"{algorithm.name} ({engine_label})", total)
-    last_update = started
-
-    def gather(pendings):
-        """The replies of ``pendings`` in order (each read and counted once)."""
-        try:
-            return comm_gather(transport, pendings, timeout)
-        except ClientFailure as failure:
-            raise _failure(failure.client, failure.reason) from None
-
-    def record_gradient_terms(index, replies):
-        # replies[i] = (d_i, grad E_i(w_bar)) of agent i, each (chains, dim)
-        directions = np.stack([r[0] for r in replies], axis=1).astype(np.float64)
-        u_bar = np.mean([r[1] for r in replies], axis=0, dtype=np.float64)  # (chains, dim)
-        gradient_error[:, index] = np.sqrt(
-            np.sum((directions - u_bar[:, None, :]) ** 2, axis=(1, 2)))
-        # sum_i grad E_i(w_bar): the network average's bias estimate (info["bias_estimate"])
-        global_gradient[:, index] = n * u_bar
-
-    pending = None  # (draw index, refs) of the gradient terms not read yet
-    try:
-        refs = [transport.relay(i, "message") for i in range(n)]
-        k = 0
-        while done < total:
-            for _ in range(thin):
-                refs = [transport.relay(i, "step", k, *[refs[j] for j in neighbours[i]])
-                        for i in range(n)]
-                k += 1
-            if pending is None:
-                messages = gather(refs)
-            else:
-                replies = gather(refs + pending[1])
-                messages = replies[:n]
-                record_gradient_terms(pending[0], replies[n:])
-                pending = None
-            w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
-            w_bar = w.mean(axis=1)
-            agents[:, done] = w
-            draws[:, done] = w_bar
-            consensus[:, done] = np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n
-            finite = np.all(np.isfinite(w), axis=(1, 2))
-            if not finite.all() or (spread_limit is not None and done >= burn_in
-                                    and np.any(consensus[:, done] > spread_limit)):
-                spread_stop = (done, consensus[:, done].copy())
-                draws[:, done] = np.nan
-                done += 1
-                break
-            if track and done >= burn_in:
-                # queued after this draw's iteration and before the next one's: read with
-                # the next gather
-                pending = (done, [transport.call(i, "gradient_terms", w_bar)
-                                  for i in range(n)])
-            done += 1
-            now = time.perf_counter()
-            if bar is not None and (now - last_update > 0.5 or done == total):
-                bar[0].update(bar[1], completed=done,
-                              rate=f"{done * thin / max(now - started, 1e-9):,.1f} it/s")
-                last_update = now
-        if pending is not None:
-            record_gradient_terms(pending[0], gather(pending[1]))
-            pending = None
-    except ClientFailureError as error:
-        error.result = _result(algorithm, flat_model, draws, agents, consensus,
-                               gradient_error, done, burn_in, thin, chains, topo, neighbours,
-                               floats_per_message, started, transport, engine_label)
-        raise
-    finally:
-        if bar is not None:
-            bar[0].stop()
-        transport.close()
-    result = _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done,
-                     burn_in, thin, chains, topo, neighbours, floats_per_message, started,
-                     transport, engine_label)
-    if spread_stop is not None:
-        draw, errors = spread_stop
-        bad = ~np.isfinite(errors)
-        if spread_limit is not None:
-            bad |= errors > spread_limit
-        stopped = [int(c) for c in np.nonzero(bad)[0]]
-        details = [{"chain": c, "iteration": int((draw + 1) * thin),
-                    "consensus_error": float(errors[c])} for c in stopped]
-        result.info["diverged_chains"] = stopped
-        if np.all(np.isfinite(errors[stopped])):
-            cause = (f"the agents' consensus error reached {np.max(errors[stopped]):.3g}, more "
-                     f"than spread_limit={algorithm.spread_limit:g} times the posterior's total "
-                     "variance (Laplace): the agents no longer agree, so their average is not a "
-                     "posterior draw. Use 'auto' settings or a smaller step_size / beta; "
-                     "spread_limit=None switches this check off")
-        else:
-            cause = "an agent's state became non-finite; lower step_size or beta"
-        raise SamplingDivergedError(
-            f"{algorithm.name} ({engine_label}): {len(stopped)} chain(s) stopped by iteration "
-            f"{(draw + 1) * thin}: {cause}. The draws made before are in error.result",
-            result, stopped, details)
-    if global_gradient is not None and done > burn_in:
-        estimate = bias_estimate(draws[:, burn_in:done].astype(np.float64),
-                                 global_gradient[:, burn_in:done],
-                                 getattr(algorithm, "laplace_cov", None))
-        if estimate is not None:
-            result.info["bias_estimate"] = estimate
-    return result
-
-
-def _failure(client: Optional[int], reason: str) -> ClientFailureError:
-    return ClientFailureError(
-        f"an agent failed ({reason}); the run stopped. Draws made so far are in error.result",
-        None, -1 if client is None else client, reason,
-    )
-
-
-def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done, burn_in,
-            thin, chains, topo, neighbours, floats_per_message, started, transport,
-            engine_label):
-    iterations = done * thin
-    directed = sum(len(nb) for nb in neighbours)
-    between = iterations * directed
-    # the driver's messages: the gathers of the kept draws (every agent's w_i[, d_i] every thin
-    # iterations) and, with gradient_error, w_bar to every agent and (d_i, grad E_i(w_bar)) back
-    counts, nbytes, floats = transport.counts, transport.bytes, transport.floats
-    info = {
-        "algorithm": algorithm.name,
-        "engine": engine_label,
-        "beta": algorithm.beta,
-        "chains": chains,
-        "iterations": iterations,
-        "draws_kept": int(max(0, done - burn_in)),
-        "wall_time": time.perf_counter() - started,
-        "interrupted": False,
-        "dim": flat_model.dim,
-        "rounds": iterations,
-        # one message per directed edge and iteration (all chains' w_j[, d_j]), actor to actor
-        "messages_between_agents": int(between),
-        "bytes_between_agents": int(between * floats_per_message * 4),
-        "messages_to_clients": int(counts["to_clients"]),
-        "bytes_to_clients": int(nbytes["to_clients"]),
-        "messages_from_clients": int(counts["from_clients"]),
-        "bytes_from_clients": int(nbytes["from_clients"]),
-        "messages": int(between + counts["to_clients"] + counts["from_clients"]),
-        "floats_communicated": int(between * floats_per_message + floats["to_clients"]
-                                   + floats["from_clients"]),
-    }
-    if transport.audit:
-        info["client_message_audit"] = [
-            [c, m, [[list(shape), dtype] for shape, dtype in arrays]]
-            for c, m, arrays in transport.sent_by_clients
-        ]
-    info.update(topo.describe())
-    gamma = algorithm._gamma()
-    if gamma is not None:
-        info["gamma"] = gamma
-    kept = slice(burn_in, None)
-    if algorithm.keep_agent_samples:
-        info["agent_samples"] = unravel_draws_numpy(flat_model, agents[:, kept])
-    samples = unravel_draws_numpy(flat_model, draws[:, kept])
-    stats = {"consensus_error": consensus[:, kept]}
-    if gradient_error is not None:
-        stats["gradient_error"] = gradient_error[:, kept]
-    return Result(samples=samples, info=info, sample_stats=stats, algorithm=algorithm.name)
+    def setup(self, name: str, *args):
+        return self._call(name, *args)
