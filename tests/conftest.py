@@ -7,7 +7,7 @@ test that builds a new closure of the same shapes, and in every subprocess a tes
 variables are also exported, so xdist workers and the subprocesses tests start share the
 directory. Left alone when the user set ``JAX_COMPILATION_CACHE_DIR`` or opted out with
 ``FEDMCMC_COMPILATION_CACHE=0``, and with ``-p no:cacheprovider`` (then fedmcmc's default, the
-user's cache directory, applies). tests/test_cache.py checks fedmcmc's own default in fresh
+user's cache directory, applies). tests/core/test_cache.py checks fedmcmc's own default in fresh
 processes with these variables removed.
 """
 

@@ -76,3 +76,23 @@ def check_gaussian_moments(draws, true_mean, true_cov, z: float = 4.0, extra_var
         "ess": ess,
         "ess_var": ess_var,
     }
+
+
+def trajectory_check(info, mean, cov, draws, z=4.0):
+    """ESS-based check of the exact trajectory averages in ``info``; ``draws`` (chains, n, d):
+    the run's draws, whose ESS of the variance caps the second moments' ESS."""
+    ess = np.asarray(info["ess_batch_means"])
+    ess_var = np.minimum(ess, ess_of_variance(draws))
+    m = np.asarray(info["trajectory_mean"])
+    c = np.asarray(info["trajectory_cov"])
+    sd = np.sqrt(np.diag(cov))
+    z_mean = (m - mean) / (sd / np.sqrt(ess))
+    low, high = variance_ratio_bounds(ess_var, z)
+    ratio = np.diag(c) / np.diag(cov)
+    r_true = cov / np.outer(sd, sd)
+    r_est = c / np.sqrt(np.outer(np.diag(c), np.diag(c)))
+    r_tol = z * (1 - r_true**2) / np.sqrt(ess_var.min()) + 1e-9
+    ok_corr = bool(np.all(np.abs(r_est - r_true) < r_tol))
+    ok = bool(np.all(np.abs(z_mean) < z) and np.all((ratio > low) & (ratio < high)) and ok_corr)
+    return ok, {"z_mean": z_mean, "var_ratio": ratio, "corr_err": np.abs(r_est - r_true), "ess": ess,
+                "ess_var": ess_var}

@@ -548,7 +548,7 @@ class FSGLD(DSGLD):
     posterior and cuts it only where it pushes outward and wins, and only
     outside the trust region: inside it the estimator is exactly FSGLD's and
     unbiased (Lemma 1), and the stationary law is unchanged wherever plain
-    FSGLD is stable. See ``tests/test_fsgld_robustness.py``.
+    FSGLD is stable. See ``tests/langevin/test_fsgld_robustness.py``.
     """
 
     name = "FSGLD"

@@ -8,7 +8,7 @@ the chain's stationary covariance is, to first order in h,
 
     Sigma = P^{-1} (I + (h/4) C) (I - (h/4) P)^{-1}
 
-(the Gaussian case of ``tests/test_langevin_posterior.py``, where it is checked exactly). So
+(the Gaussian case of ``tests/langevin/test_langevin_posterior.py``, where it is checked exactly). So
 
 * ``(h/4) lambda_max(C)``: the ratio of minibatch noise to injected noise, the relative
   inflation of the posterior variance it causes (``info["minibatch_noise_ratio"]``);

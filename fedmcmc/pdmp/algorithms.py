@@ -56,7 +56,7 @@ from .zigzag import ZigZagSpec
 from ..engines.options import check_engine_options
 from ..engines.comm import ClientFailureError
 
-__all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError"]
+__all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError", "BuiltSampler"]
 
 PRIOR_PLACEMENTS = ("server", "worker", "split")
 BOUNDS = ("auto", "exact", "hessian", "custom", "estimate")
@@ -115,6 +115,22 @@ def _run_sums(burn_in: int, num_samples: int, d: int, chains: int):
         batch_sum=jnp.zeros((chains, max(num_batches, 1), d), jnp.float64),
     )
     return accumulate, sums, b
+
+
+class BuiltSampler(NamedTuple):
+    """What :meth:`_FedPDMP.build` returns: the federated kernel, ready to run."""
+
+    config: Any  # federated.FedConfig
+    draw_step: Any  # draw_step(key, state) -> (state, draw, stats): one chain, one draw
+    initial_states: Any  # FedState, leading axis chains
+    key: Any  # the run's key (draw k of the run uses fold_in(key, k))
+    output_model: Any  # FlatModel in the dtype of init (draws are returned in it)
+    info: dict
+    on_violation: str
+    # with_protocol=True only (the distributed run composes them)
+    protocol: Any = None  # federated.FedProtocol
+    prior_part: Any = None  # federated.PriorPart
+    workers: Any = None  # federated.Workers (data=None on the distributed run)
 
 
 class _FedPDMP(Algorithm):
@@ -282,12 +298,15 @@ class _FedPDMP(Algorithm):
                 _user(np.asarray(draws[..., :d], dtype=out_dtype), stats, first_index)
 
             options["on_draws"] = positions_only
-        run, failure, (cfg, out_model, info, on_violation, messages) = sample_pdmp(
+        distributed = sample_pdmp(
             self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
             chains=chains, seed=seed, progress=progress, skeleton_size=skeleton_size,
             init_jitter=init_jitter, rate_diagnostics=rate_diagnostics,
             make_transport=make_transport, engine_label=engine_label, options=options,
             accumulate=accumulate, initial_sums=sums)
+        run, failure, messages = distributed.run, distributed.failure, distributed.messages
+        cfg, out_model = distributed.built.config, distributed.built.output_model
+        info, on_violation = distributed.built.info, distributed.built.on_violation
         if failure is None:
             result = self._result(run, cfg, out_model, federation, info, num_samples, burn_in,
                                   chains, on_violation, skeleton_size, b)
@@ -309,7 +328,9 @@ class _FedPDMP(Algorithm):
         built = self.build(model, federation, init, burn_in=burn_in, chains=chains, seed=seed,
                            skeleton_size=skeleton_size, init_jitter=init_jitter,
                            rate_diagnostics=rate_diagnostics)
-        cfg, draw_step, fed_states, k_run, out_model, info, on_violation = built
+        cfg, draw_step, fed_states, k_run = (built.config, built.draw_step,
+                                             built.initial_states, built.key)
+        out_model, info, on_violation = built.output_model, built.info, built.on_violation
         d = cfg.dim
         accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
 
@@ -350,15 +371,15 @@ class _FedPDMP(Algorithm):
     def build(self, model, federation, init, *, burn_in=0, chains=1, seed=0, skeleton_size=0,
               init_jitter=0.0, rate_diagnostics=True, workers_access=None, with_protocol=False):
         """The federated kernel for this model and federation, without running it (call
-        under ``jax.enable_x64(True)``). Returns ``(config, draw_step, initial_states, key,
-        unflattening model, info, on_bound_violation)``; ``draw_step(key, state)`` advances
-        one chain by ``sample_interval`` (what :func:`run_chains` vmaps).
+        under ``jax.enable_x64(True)``). Returns a :class:`BuiltSampler`; its
+        ``draw_step(key, state)`` advances one chain by ``sample_interval`` (what
+        :func:`run_chains` vmaps).
 
         ``workers_access`` answers what the server asks of the workers (Newton terms, bounds
         and the other per-worker summaries): :class:`~.setup.LocalWorkers` (default, all data
         in this process) or ``distributed.RemoteWorkers`` (messages). With ``with_protocol=True``
-        the config is followed by the :class:`~.federated.FedProtocol` pieces and the
-        ``PriorPart`` and ``Workers`` (the distributed engine composes them)."""
+        it also carries the :class:`~.federated.FedProtocol` pieces, the ``PriorPart`` and
+        the ``Workers`` (the distributed run composes them)."""
         spec = self.spec
         is_zigzag = spec is ZigZagSpec
         out_model = model.flatten(init)
@@ -480,10 +501,10 @@ class _FedPDMP(Algorithm):
             starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
         # compiled once rather than dispatched op by op (each op compiles on first use)
         states = jax.jit(jax.vmap(init_fn))(jax.random.split(k_init, chains), starts)
+        built = BuiltSampler(cfg, draw_step, states, k_run, out_model, info, on_violation)
         if with_protocol:
-            return (cfg, draw_step, states, k_run, out_model, info, on_violation, protocol,
-                    prior_part, workers)
-        return cfg, draw_step, states, k_run, out_model, info, on_violation
+            built = built._replace(protocol=protocol, prior_part=prior_part, workers=workers)
+        return built
 
     # ----------------------------------------------------------------- output
     def _result(self, run, cfg, out_model, federation, info, num_samples, burn_in, chains,

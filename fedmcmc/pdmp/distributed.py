@@ -22,7 +22,7 @@ compare them on the in-process transport and on Ray).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +36,16 @@ from ..engines.comm import (call_all, describe_federation, gather_before_samplin
 from . import federated
 from .setup import newton, worker_summaries
 
-__all__ = ["WorkerFunctions", "RemoteWorkers", "sample_pdmp"]
+__all__ = ["WorkerFunctions", "RemoteWorkers", "DistributedRun", "sample_pdmp"]
+
+
+class DistributedRun(NamedTuple):
+    """What :func:`sample_pdmp` returns."""
+
+    run: Any  # engines.local.ChainRun: the draws made, per chain
+    failure: Any  # the ClientFailure that stopped the run, or None
+    built: Any  # algorithms.BuiltSampler (config, output model, info, ...)
+    messages: Dict[str, Any]  # the transport's message counts and the failures, for info
 
 
 def _float64(tree):
@@ -236,8 +245,9 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
                                 seed=seed, skeleton_size=skeleton_size, init_jitter=init_jitter,
                                 rate_diagnostics=rate_diagnostics, workers_access=access,
                                 with_protocol=True)
-        (cfg, _, fed_states, k_run, out_model, info, on_violation, protocol, prior_part,
-         workers) = built
+        cfg, fed_states, k_run, info = (built.config, built.initial_states, built.key,
+                                        built.info)
+        protocol, prior_part, workers = built.protocol, built.prior_part, built.workers
         gather_before_sampling(transport, [
             transport.call(m, "configure", cfg, prior_part, float(workers.rho[m]),
                            float(workers.cv_weight[m])) for m in range(M)], None)
@@ -289,4 +299,4 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
         transport.close()
     # ``messages``: the transport's real message and byte counts (they replace the
     # analytic accounting of the in-process engine in ``info``) and the failures.
-    return run, failure, (cfg, out_model, info, on_violation, messages)
+    return DistributedRun(run=run, failure=failure, built=built, messages=messages)

@@ -16,7 +16,6 @@ of them, of width d) would break the rule.
 
 import math
 import os
-import sys
 import threading
 
 import numpy as np
@@ -30,9 +29,8 @@ import jax.numpy as jnp  # noqa: E402
 import fedmcmc as fm  # noqa: E402
 from fedmcmc.engines.comm import ClientFailureError  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
 from stats import check_gaussian_moments  # noqa: E402
-from test_langevin_posterior import (  # noqa: E402
+from toy_problems import (  # noqa: E402
     GAUSSIAN_MODEL,
     DIM,
     expected_variance,
@@ -369,7 +367,7 @@ def test_multi_node_cluster_with_pinned_clients():
     os.environ["RAY_TMPDIR"] = temp_dir  # cluster_utils writes its address file in ./ray
     os.makedirs(os.path.join(temp_dir, "ray"))
     # the README's recipe: token authentication on the head, every node and the driver
-    # (fm.sample refuses a cluster without it; tests/test_ray_auth.py)
+    # (fm.sample refuses a cluster without it; tests/engines/test_ray_auth.py)
     token_path = os.path.join(temp_dir, "token")
     with open(token_path, "w") as handle:
         handle.write("6b" * 32)
@@ -426,7 +424,8 @@ def test_multi_node_cluster_with_pinned_clients():
 # One actor per worker; every event iteration broadcasts (x, v, cap) and gathers the workers'
 # proposals (engines/broadcast.py). Same keys as in-process: the draws must be the same.
 
-from test_pdmp_gaussian import D as PDMP_DIM, _problem as pdmp_problem, trajectory_check  # noqa: E402
+from stats import trajectory_check  # noqa: E402
+from toy_problems import D as PDMP_DIM, pdmp_gaussian_problem as pdmp_problem  # noqa: E402
 
 PDMP_KW = dict(init=np.zeros(PDMP_DIM, np.float32), burn_in=20, chains=2, seed=7,
                progress=False, rate_diagnostics=False)

@@ -6,8 +6,6 @@ federation with clients smaller than the batch samples the exact posterior. A br
 (padding slots counted as rows) is rejected by the same checks.
 """
 
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +16,7 @@ import fedmcmc as fm
 from fedmcmc import minibatch as minibatch_module
 from fedmcmc.langevin.estimators import draw_minibatch, dsgld_gradient
 
-sys.path.insert(0, os.path.dirname(__file__))
-from stats import check_gaussian_moments  # noqa: E402
+from stats import check_gaussian_moments
 
 DIM = 2
 SIZES = (3, 5, 40, 60)  # two clients smaller than the batch

@@ -197,7 +197,7 @@ def test_missing_config_file(tmp_path, capsys):
     assert "config file not found" in capsys.readouterr().err
 
 
-def test_data_file_and_import_path(tmp_path):
+def test_data_file_and_import_path(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((90, 3))
     np.savez(tmp_path / "rows.npz", x=x, y=x @ np.array([1.0, 0.0, -1.0]))
@@ -209,13 +209,10 @@ def test_data_file_and_import_path(tmp_path):
         "                     lambda b, e: -0.5 * (e['y'] - e['x'] @ b) ** 2)\n"
         "    return model, None, jnp.zeros(dim)\n"
     )
-    sys.path.insert(0, str(tmp_path))
-    try:
-        config = parse_config(small_config(model={"name": "my_models:regression"},
-                                           data={"path": "rows.npz"}), base_dir=tmp_path)
-        experiment = build_experiment(config)
-    finally:
-        sys.path.remove(str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))  # a user's own module, as on their path
+    config = parse_config(small_config(model={"name": "my_models:regression"},
+                                       data={"path": "rows.npz"}), base_dir=tmp_path)
+    experiment = build_experiment(config)
     assert experiment.federation.total_size == 90 and experiment.federation.num_clients == 3
     assert experiment.model_source == "import:my_models:regression"
 

@@ -1,7 +1,7 @@
 """Every registered paper reproduction runs at its --quick size and writes README.md and a PNG.
 
 The cheap ones (seconds) run in the default suite; those that sample for a minute or
-more at the quick size are marked slow (``pytest -m slow tests/test_reproduce.py``).
+more at the quick size are marked slow (``pytest -m slow tests/cli/test_reproduce.py``).
 """
 
 import json

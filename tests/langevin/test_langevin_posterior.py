@@ -23,52 +23,8 @@ from fedmcmc.langevin import dsgld
 from fedmcmc.langevin.algorithms import DSGLD
 
 from stats import check_gaussian_moments
-
-DIM = 2
-
-
-def gaussian_federation(seed=0, sizes=(15, 25, 20, 40), spread=1.5):
-    rng = np.random.default_rng(seed)
-    means = rng.uniform(-spread, spread, size=(len(sizes), DIM))
-    clients = [rng.normal(m, 1.0, size=(n, DIM)).astype(np.float32) for m, n in zip(means, sizes)]
-    return fm.Federation(clients)
-
-
-GAUSSIAN_MODEL = fm.Model(
-    log_prior=lambda mu: -0.5 * jnp.sum(mu**2),
-    log_likelihood=lambda mu, x: -0.5 * jnp.sum((x - mu) ** 2),
-    name="gaussian_mean",
-)
-
-
-def gaussian_posterior(federation):
-    pooled = federation.pooled()
-    precision = federation.total_size + 1.0
-    return pooled.sum(axis=0) / precision, precision
-
-
-def gradient_noise_variance(federation, kind, batch_size):
-    """Per-coordinate variance of the estimator's noise (theta-independent here).
-
-    DSGLD: (N_s/(f_s m)) sum_batch (x - theta) around grad log p(x|theta): variance over
-    s ~ f and with-replacement batches. FSGLD (exact surrogates): (N_s/f_s)(xbar_batch - xbar_s).
-    SGLD: (N/m) sum over a batch of the pooled data.
-    """
-    f = federation.weights
-    n = federation.sizes
-    client_means = np.stack([c.mean(axis=0) for c in federation.clients])
-    client_vars = np.stack([c.var(axis=0) for c in federation.clients])
-    if kind == "sgld":
-        pooled = federation.pooled()
-        return federation.total_size**2 * pooled.var(axis=0) / batch_size
-    within = np.sum(f[:, None] * (n[:, None] / f[:, None]) ** 2 * client_vars / batch_size, axis=0)
-    if kind == "fsgld":
-        return within
-    # DSGLD adds the spread of the client terms (N_s/f_s) (xbar_s - theta) around their mean
-    centred = (n[:, None] / f[:, None]) * client_means
-    between = np.sum(f[:, None] * centred**2, axis=0) - np.sum(f[:, None] * centred, axis=0) ** 2
-    return within + between
-
+from toy_problems import (DIM, GAUSSIAN_MODEL, expected_variance, gaussian_federation,
+                          gaussian_posterior, gradient_noise_variance, step_size_for)
 
 def sample_gaussian(algorithm, federation, step_size, num_samples=1000, thin=None, chains=8, seed=1):
     precision = federation.total_size + 1.0
@@ -79,22 +35,6 @@ def sample_gaussian(algorithm, federation, step_size, num_samples=1000, thin=Non
         burn_in=200, thin=thin, chains=chains, seed=seed,
     )
     return result.flat_samples()
-
-
-def expected_variance(federation, kind, step_size, batch_size):
-    _, precision = gaussian_posterior(federation)
-    sigma2 = gradient_noise_variance(federation, kind, batch_size)
-    return (1 + step_size * sigma2 / 4) / (precision * (1 - step_size * precision / 4))
-
-
-def step_size_for(federation, kind, batch_size, inflation=0.25):
-    """The step size at which gradient noise inflates the variance by ``inflation``.
-
-    The test then checks the exact stationary law of the discretised chain, so
-    a moderate step is as sharp a test as a tiny one, and much cheaper.
-    """
-    sigma2 = gradient_noise_variance(federation, kind, batch_size).max()
-    return float(4 * inflation / sigma2)
 
 
 CASES = [

@@ -18,30 +18,9 @@ import pytest
 import fedmcmc as fm
 from fedmcmc.pdmp import boomerang, bps, models, zigzag
 from fedmcmc.pdmp.dynamics import elliptic_flow
-from stats import check_gaussian_moments, ess_of_variance, variance_ratio_bounds
+from stats import check_gaussian_moments, ess_of_variance, trajectory_check
+from toy_problems import D, S, pdmp_gaussian_problem
 
-D = 3
-S = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.5], [0.2, -0.5, 1.5]])  # correlated
-
-
-def trajectory_check(info, mean, cov, draws, z=4.0):
-    """ESS-based check of the exact trajectory averages in ``info``; ``draws`` (chains, n, d):
-    the run's draws, whose ESS of the variance caps the second moments' ESS."""
-    ess = np.asarray(info["ess_batch_means"])
-    ess_var = np.minimum(ess, ess_of_variance(draws))
-    m = np.asarray(info["trajectory_mean"])
-    c = np.asarray(info["trajectory_cov"])
-    sd = np.sqrt(np.diag(cov))
-    z_mean = (m - mean) / (sd / np.sqrt(ess))
-    low, high = variance_ratio_bounds(ess_var, z)
-    ratio = np.diag(c) / np.diag(cov)
-    r_true = cov / np.outer(sd, sd)
-    r_est = c / np.sqrt(np.outer(np.diag(c), np.diag(c)))
-    r_tol = z * (1 - r_true**2) / np.sqrt(ess_var.min()) + 1e-9
-    ok_corr = bool(np.all(np.abs(r_est - r_true) < r_tol))
-    ok = bool(np.all(np.abs(z_mean) < z) and np.all((ratio > low) & (ratio < high)) and ok_corr)
-    return ok, {"z_mean": z_mean, "var_ratio": ratio, "corr_err": np.abs(r_est - r_true), "ess": ess,
-                "ess_var": ess_var}
 
 
 def moments_check(draws, mean, cov):
@@ -99,17 +78,6 @@ def test_single_machine_kernels_sample_correlated_gaussian(name):
 
 
 # ----------------------------------------------------------------- federated
-def _problem(num_workers, tempered=False):
-    lik_cov = 20.0 * S
-    model = models.gaussian_model(lik_cov, prior_cov=4.0 * np.eye(D))
-    y = models.gaussian_data(3, 160, np.array([1.0, -1.0, 0.5]), lik_cov)
-    clients = models.split_by_projection(y, num_workers, direction=[1.0, 0.3, -0.2])  # non-IID
-    mean, cov = models.gaussian_posterior(model, clients)
-    if tempered:
-        model = models.gaussian_model(2 * lik_cov, prior_cov=4.0 * np.eye(D))
-    return model, fm.Federation(clients), mean, cov
-
-
 ALGORITHMS = {
     "zigzag": lambda: fm.FedZigZag(sample_interval=0.2),
     "bps": lambda: fm.FedBPS(sample_interval=0.2, refresh_rate=1.0),
@@ -118,7 +86,7 @@ ALGORITHMS = {
 
 
 def _run(name, num_workers, tempered=False, draws=1500):
-    model, fed, mean, cov = _problem(num_workers, tempered)
+    model, fed, mean, cov = pdmp_gaussian_problem(num_workers, tempered)
     result = fm.sample(model, fed, ALGORITHMS[name](), init=np.zeros(D, np.float32),
                        num_samples=draws, burn_in=100, chains=2, seed=num_workers, progress=False,
                        rate_diagnostics=False)
@@ -157,7 +125,7 @@ def test_federated_check_rejects_a_broken_sampler():
 @pytest.mark.parametrize("prior", ["server", "worker"])
 def test_federated_boomerang_prior_on_its_own_proposer(prior):
     """Issue 3: FedBoomerang with U_0 simulated by the server or by an extra worker."""
-    model, fed, mean, cov = _problem(4)
+    model, fed, mean, cov = pdmp_gaussian_problem(4)
     algorithm = fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.3, prior=prior)
     result = fm.sample(model, fed, algorithm, init=np.zeros(D, np.float32), num_samples=1500,
                        burn_in=100, chains=2, seed=5, progress=False, rate_diagnostics=False)
@@ -175,7 +143,7 @@ def test_boomerang_reference_correction_is_held_once(prior):
     placement; with the prior on its own proposer that proposer holds grad U_0 alone and data
     worker m holds n_m/N of -grad U_ref (held whole by the prior's proposer, the correction
     made the trajectory sd ~3x too large on non-Gaussian posteriors: see the slow test)."""
-    model, fed, mean, cov = _problem(4)
+    model, fed, mean, cov = pdmp_gaussian_problem(4)
     with jax.enable_x64(True):
         cfg = fm.FedBoomerang(0.5, prior=prior).build(model, fed, np.zeros(D, np.float32))[0]
         ref = cfg.reference
