@@ -31,7 +31,9 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import numpy as np
 
 from .config import ConfigError, ExperimentConfig, build_experiment, load_config
-from .results import Result
+from .api import sample
+from .reference import reference_posterior
+from .results import Result, SamplingDivergedError
 from .checkpoint import Checkpointer, load_checkpoint
 from .report import coordinate_names, flat_draws, json_safe, summarise, write_report
 
@@ -130,8 +132,6 @@ def run_experiment(
     progress: Optional[bool] = None,
 ) -> RunOutcome:
     """Run a config; see the module docstring for what is written. Raises ``ConfigError``."""
-    import fedmcmc as fm
-
     console = _Console(quiet)
     if not isinstance(config, ExperimentConfig):
         config = load_config(config)
@@ -157,7 +157,7 @@ def run_experiment(
         label = "exact" if config.reference.method == "exact" else config.reference.method
         with console.status(f"reference posterior ({label}) on the pooled data..."):
             try:
-                reference = fm.reference_posterior(
+                reference = reference_posterior(
                     experiment.model, federation, experiment.init,
                     method=config.reference.method, num_samples=config.reference.num_samples,
                     num_warmup=config.reference.num_warmup, chains=config.reference.chains,
@@ -225,13 +225,13 @@ def run_experiment(
         started = time.perf_counter()
         diverged_message = None
         try:
-            result = fm.sample(
+            result = sample(
                 experiment.model, federation, algorithm, init=experiment.init,
                 num_samples=config.num_samples, burn_in=config.burn_in, thin=thin,
                 chains=config.chains, seed=config.seed, engine=config.engine,
                 progress=progress, **options,
             )
-        except fm.SamplingDivergedError as error:
+        except SamplingDivergedError as error:
             result = error.result
             diverged_message = str(error)
             if result is None:  # a family that kept no draws: record the failure, go on

@@ -33,6 +33,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..api import sample
+from ..reference import reference_posterior
+from ..results import SamplingDivergedError
 from . import algorithms as algorithms_module
 from . import metrics
 from . import problems as problems_module
@@ -64,10 +67,8 @@ def _log(message: str, quiet: bool) -> None:
 
 
 def _reference(instance, quiet: bool):
-    import fedmcmc as fm
-
     started = time.perf_counter()
-    reference = fm.reference_posterior(
+    reference = reference_posterior(
         instance.model, instance.federation, instance.init, method=instance.reference_method,
         **REFERENCE,
     )
@@ -97,8 +98,6 @@ class _OverBudget(Exception):
 
 
 def _run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
-    import fedmcmc as fm
-
     instance = ctx.instance
     row: Dict[str, Any] = {
         "problem": instance.name, "algorithm": entry.name, "family": entry.family,
@@ -132,12 +131,12 @@ def _run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
         try:
-            result = fm.sample(instance.model, instance.federation, algorithm=plan.algorithm,
+            result = sample(instance.model, instance.federation, algorithm=plan.algorithm,
                                init=instance.init, seed=seed, progress=False, **sample_kwargs)
         except _OverBudget as over:
             row["verdict"] = (f"LOSES: over the time budget ({seconds:.0f} s; {over.done} of "
                               f"{over.total} draws made)")
-        except fm.SamplingDivergedError as error:
+        except SamplingDivergedError as error:
             row["verdict"] = f"FAILED: diverged: {str(error).splitlines()[0][:300]}"
         except Exception as error:  # noqa: BLE001 - any failure is a leaderboard row, not a crash
             row["verdict"] = f"FAILED: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"

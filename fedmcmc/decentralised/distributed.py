@@ -57,6 +57,8 @@ from ..protocols import ClientContext
 from ..results import Result, SamplingDivergedError
 from ..schedules import decaying_schedule
 from . import kernels
+from ..engines.ray_engine import RayTransport, ray_session
+from ..engines.ray_security import session_authentication
 
 __all__ = ["AgentFunctions", "run_neighbour", "sample_decentralised"]
 
@@ -208,9 +210,6 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
                          chains, seed, progress=None, **options):
     """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``): :func:`run_neighbour`
     on a :class:`~fedmcmc.engines.ray_engine.RayTransport` inside the authenticated session."""
-    from ..engines.ray_engine import RayTransport, ray_session  # ray: imported on use
-    from ..engines.ray_security import session_authentication
-
     options = check_engine_options(options, algorithm.name)
 
     def make_transport(specs):

@@ -47,6 +47,8 @@ from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessT
                    with_fault_injection)
 from .local import iteration_key
 from .options import check_engine_options
+from .ray_engine import RayTransport, ray_session
+from .ray_security import record_ray_authentication
 
 __all__ = ["HandoffClient", "run_handoff", "HandoffRun", "sample_handoff", "sample_protocol",
            "sample_on_ray"]
@@ -582,9 +584,6 @@ def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_sam
                   thin, chains, seed, progress=None, info=None, **options):
     """A hand-off protocol (DSGLD, FSGLD, or one defined outside the package) on Ray, one
     actor per client."""
-    from .ray_engine import RayTransport, ray_session
-    from .ray_security import record_ray_authentication
-
     options = check_engine_options(options, protocol.name)
     resources = options.get("client_resources")
     num_cpus = options.get("client_num_cpus", 0)

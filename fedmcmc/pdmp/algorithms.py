@@ -55,6 +55,8 @@ from .single import make_reference
 from .zigzag import ZigZagSpec
 from ..engines.options import check_engine_options
 from ..engines.comm import ClientFailureError
+from ..engines.ray_engine import RayTransport, ray_session
+from ..engines.ray_security import record_ray_authentication
 
 __all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError", "BuiltSampler"]
 
@@ -262,9 +264,6 @@ class _FedPDMP(Algorithm):
         skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
         init_jitter = check_nonnegative_float(init_jitter, "init_jitter")
         if engine == "ray":
-            from ..engines.ray_engine import RayTransport, ray_session
-            from ..engines.ray_security import record_ray_authentication
-
             def make_transport(specs):
                 return RayTransport(specs, resources=engine_options.get("client_resources"),
                                     num_cpus=engine_options.get("client_num_cpus", 0))
