@@ -38,6 +38,7 @@ __all__ = [
     "RUN_OPTIONS",
     "split_run_options",
     "restore_states",
+    "resume_from",
     "states_to_numpy",
     "Checkpointer",
     "load_checkpoint",
@@ -89,6 +90,17 @@ def states_to_numpy(states) -> list:
     return out
 
 
+def resume_from(run_options: dict, fresh_states):
+    """Pop the resume options from ``run_options`` (a dict the caller owns): returns
+    ``(states, start_draw)``, the saved ``resume_state`` put into the structure of
+    ``fresh_states`` (:func:`restore_states`) when there is one, else ``fresh_states``."""
+    start_draw = run_options.pop("start_draw", 0)
+    resume_state = run_options.pop("resume_state", None)
+    if resume_state is not None:
+        return restore_states(fresh_states, resume_state), start_draw
+    return fresh_states, start_draw
+
+
 def restore_states(template, saved):
     """Put saved leaves into the structure of ``template`` (the freshly built chain states).
 
@@ -97,7 +109,11 @@ def restore_states(template, saved):
     (a checkpoint of a different algorithm, chain count or model).
     """
     template_leaves, structure = jax.tree_util.tree_flatten(template)
-    saved_leaves = saved if isinstance(saved, (list, tuple)) else jax.tree_util.tree_leaves(saved)
+    # a list (or plain tuple) of leaves as a checkpoint stores them; any other pytree, a
+    # NamedTuple state included, is flattened first
+    is_leaf_list = isinstance(saved, list) or (isinstance(saved, tuple)
+                                               and not hasattr(saved, "_fields"))
+    saved_leaves = saved if is_leaf_list else jax.tree_util.tree_leaves(saved)
     if len(saved_leaves) != len(template_leaves):
         raise ValueError(
             f"resume_state has {len(saved_leaves)} leaves, the algorithm's state has "

@@ -30,7 +30,7 @@ from ..algorithm import (
     check_positive_float,
     check_positive_int,
 )
-from ..checkpoint import restore_states, split_run_options
+from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
 from ..results import Result, SamplingDivergedError
 from . import consensus, fald, qlsd
@@ -231,10 +231,7 @@ class FALD(Algorithm):
             return state, fald.draw(state), {"round": state.rounds}
 
         states = _stack(fald.init(theta0, weights), chains)
-        start_draw = run_options.pop("start_draw", 0)
-        resume_state = run_options.pop("resume_state", None)
-        if resume_state is not None:
-            states = restore_states(states, resume_state)
+        states, start_draw = resume_from(run_options, states)
         run = run_chains(
             draw_step, states, jax.random.key(seed), burn_in=burn_in, num_samples=num_samples,
             position=fald.draw,
@@ -397,10 +394,7 @@ class QLSD(Algorithm):
             return state, state.position.reshape(-1), {}
 
         states = jax.tree_util.tree_map(lambda leaf: leaf[None], stacked)
-        start_draw = run_options.pop("start_draw", 0)
-        resume_state = run_options.pop("resume_state", None)
-        if resume_state is not None:
-            states = restore_states(states, resume_state)
+        states, start_draw = resume_from(run_options, states)
         on_draws = run_options.pop("on_draws", None)
         if on_draws is not None:
             def per_chain(draws, stats, first_index, _user=on_draws):

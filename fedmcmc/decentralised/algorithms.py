@@ -37,7 +37,7 @@ import networkx as nx
 import numpy as np
 
 from ..algorithm import Algorithm, check_positive_float, check_positive_int
-from ..checkpoint import restore_states, split_run_options
+from ..checkpoint import resume_from, split_run_options
 from ..engines.local import default_chunk_size, run_chains
 from ..diagnostics import bias_estimate
 from ..model import unravel_draws_numpy
@@ -317,10 +317,7 @@ class _Decentralised(Algorithm):
         states = jax.jit(jax.vmap(lambda k: self._init_state(k, positions, local_gradient)))(
             init_keys
         )
-        start_draw = run_options.pop("start_draw", 0)
-        resume_state = run_options.pop("resume_state", None)
-        if resume_state is not None:
-            states = restore_states(states, resume_state)
+        states, start_draw = resume_from(run_options, states)
         # A chunk length that divides the run (one compiled program) unless the caller sets one.
         chunk_size = run_options.pop("chunk_size", None) or _chunk_size(burn_in + num_samples)
         on_draws = run_options.pop("on_draws", None)

@@ -23,7 +23,7 @@ from ..algorithm import (
     check_positive_int,
 )
 from .. import rng
-from ..checkpoint import restore_states, split_run_options
+from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
 from ..federation import ConcatenatedData
 from ..results import Result, SamplingDivergedError
@@ -175,10 +175,7 @@ class _LangevinAlgorithm(Algorithm):
             lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape), initial_state
         )
         run_options = dict(run_options or {})
-        start_draw = run_options.pop("start_draw", 0)
-        resume_state = run_options.pop("resume_state", None)
-        if resume_state is not None:
-            states = restore_states(states, resume_state)
+        states, start_draw = resume_from(run_options, states)
         run = run_chains(
             draw_step,
             states,

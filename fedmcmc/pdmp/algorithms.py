@@ -37,7 +37,7 @@ from ..algorithm import (
     check_positive_float,
     check_positive_int,
 )
-from ..checkpoint import restore_states, split_run_options
+from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
 from ..results import Result, SamplingDivergedError
 from .distributed import sample_pdmp
@@ -345,10 +345,7 @@ class _FedPDMP(Algorithm):
             return (st, accumulate(n_before, sums, draw, stats)), draw, stats
 
         states = (fed_states, sums)
-        start_draw = run_options.pop("start_draw", 0)
-        resume_state = run_options.pop("resume_state", None)
-        if resume_state is not None:
-            states = restore_states(states, resume_state)
+        states, start_draw = resume_from(run_options, states)
         on_draws = run_options.pop("on_draws", None)
         if on_draws is not None:
             # The engine's draws are (position, interval mean); pass on what result.samples holds.
