@@ -13,6 +13,8 @@ processes with these variables removed.
 
 import os
 
+import pytest
+
 
 def pytest_configure(config):
     if os.environ.get("FEDMCMC_COMPILATION_CACHE", "").strip().lower() in {"0", "false", "no", "off"}:
@@ -29,3 +31,20 @@ def pytest_configure(config):
 
     jax.config.update("jax_compilation_cache_dir", directory)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+@pytest.fixture(scope="module")
+def private_cache(tmp_path_factory):
+    """fedmcmc's cache folder (``FEDMCMC_CACHE_DIR``: references, compiled programs) in a
+    temporary folder for one module's runs, not the user's; JAX's cache settings restored after."""
+    import jax
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FEDMCMC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    patch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    before = (jax.config.jax_compilation_cache_dir,
+              jax.config.jax_persistent_cache_min_compile_time_secs)
+    yield
+    patch.undo()
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])

@@ -42,6 +42,14 @@ _ENGINE_NOTE = ("the in-process engine only for now (the engine redesign, issue 
                 "engine='ray')")
 
 
+def _layout(model, federation, init):
+    """What every baseline's run starts from: the flat model, the clients' rows concatenated,
+    f_s in the model's dtype and the flat initial position."""
+    flat_model = model.flatten(init)
+    weights = jnp.asarray(federation.weights, flat_model.dtype)
+    return flat_model, federation.concatenated(), weights, flat_model.ravel(init)
+
+
 def _check_engine(engine: str, name: str) -> None:
     if engine != "local":
         raise ValueError(f"engine={engine!r} is not available for {name}: {_ENGINE_NOTE}")
@@ -189,12 +197,8 @@ class FALD(Algorithm):
                engine, progress, **options):
         run_options = split_run_options(options, self.name)
         _check_engine(engine, self.name)
-        flat_model = model.flatten(init)
-        dim = flat_model.dim
-        data = federation.concatenated()
-        weights = jnp.asarray(federation.weights, flat_model.dtype)
-        theta0 = flat_model.ravel(init)
-        num_clients = federation.num_clients
+        flat_model, data, weights, theta0 = _layout(model, federation, init)
+        dim, num_clients = flat_model.dim, federation.num_clients
         k = self.clients_per_round(num_clients)
         info = {
             "step_size": self.step_size,
@@ -366,12 +370,8 @@ class QLSD(Algorithm):
                engine, progress, **options):
         run_options = split_run_options(options, self.name)
         _check_engine(engine, self.name)
-        flat_model = model.flatten(init)
-        dim = flat_model.dim
-        data = federation.concatenated()
-        weights = jnp.asarray(federation.weights, flat_model.dtype)
-        theta0 = flat_model.ravel(init)
-        num_clients = federation.num_clients
+        flat_model, data, weights, theta0 = _layout(model, federation, init)
+        dim, num_clients = flat_model.dim, federation.num_clients
         levels, every, rate = self._settings(federation, dim)
         step = self._kernel(flat_model, data, weights, levels, every, rate)
         if self.variance_reduction:

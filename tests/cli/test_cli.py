@@ -15,18 +15,9 @@ from fedmcmc.report import _fmt
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
+def _cache(private_cache):
     # references and compiled programs go to a temporary cache, not the user's
-    import jax
-
-    patch = pytest.MonkeyPatch()
-    patch.setenv("FEDMCMC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    patch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
     yield
-    patch.undo()
-    jax.config.update("jax_compilation_cache_dir", before[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
 
 
 def small_config(**changes):

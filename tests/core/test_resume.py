@@ -18,23 +18,16 @@ from fedmcmc.checkpoint import load_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
+def _cache(private_cache):
     # compiled programs go to a temporary cache, not the user's; the runs below compile the
     # same programs again and again, so switch on the cache `fedmcmc run` uses
     import jax
 
     from fedmcmc import cli
 
-    patch = pytest.MonkeyPatch()
-    patch.setenv("FEDMCMC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    patch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
     jax.config.update("jax_compilation_cache_dir", None)
     cli._enable_compilation_cache()
     yield
-    patch.undo()
-    jax.config.update("jax_compilation_cache_dir", before[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
 
 
 CONFIG = {
