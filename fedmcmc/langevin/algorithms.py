@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +127,17 @@ def _step_size_choice(step_size, tolerance, precision, covariance, name: str, in
             f"step_size='auto' or a step below {stable:.3g}",
             StepSizeWarning, stacklevel=4)
     return step_size
+
+
+class _Settings(NamedTuple):
+    """A Langevin run's resolved settings (``"auto"``, control variates, FSGLD's surrogates
+    and trust region), what the in-process kernel and the Ray protocol are both built from."""
+
+    step_size: Any
+    variates: Any = None  # estimators.ControlVariates or None
+    surrogates: Any = None  # FSGLD: surrogates.GaussianSurrogates
+    global_surrogate: Any = None  # FSGLD: surrogates.ProductSurrogate
+    trust_region: Any = None  # FSGLD: fsgld.TrustRegion or None
 
 
 class StepSizeWarning(UserWarning):
@@ -380,17 +391,33 @@ class DSGLD(_LangevinAlgorithm):
         return DSGLDProtocol(self.step_size, self.batch_size, self.local_steps, self.noise,
                              self.divergence_threshold)
 
-    def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
+    def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> _Settings:
+        """The run's settings: ``"auto"`` and the control variates resolved (``info`` says
+        what was chosen)."""
         step_size, variates = self.step_size, None
         if step_size == "auto" or self.control_variates:
             laplace = surrogate_module.fit_surrogates("laplace", flat_model, federation, theta0, key)
             center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
             step_size, variates = self._resolve_noise(
                 flat_model, federation, data, weights, center, precision, key, None, info)
+        return _Settings(step_size=step_size, variates=variates)
+
+    def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
+        settings = self._resolve(flat_model, federation, data, weights, key, theta0, info)
         return dsgld.build_kernel(
             flat_model, data, weights, self.batch_size, self.local_steps,
-            as_schedule(step_size), self.noise, control_variates=variates,
+            as_schedule(settings.step_size), self.noise, control_variates=settings.variates,
         )
+
+    def _protocol_of(self, settings: "_Settings") -> DSGLDProtocol:
+        """The hand-off protocol that runs ``settings`` (a numeric h, the control variates'
+        anchor) on the Ray engine."""
+        anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
+        return DSGLDProtocol(settings.step_size, self.batch_size, self.local_steps, self.noise,
+                             self.divergence_threshold, anchor=anchor)
+
+    def _needs_driver_setup(self) -> bool:
+        return self.step_size == "auto" or bool(self.control_variates)
 
     def _resolve_noise(self, flat_model, federation, data, weights, center, precision, key,
                        conducive, info):
@@ -442,20 +469,31 @@ class DSGLD(_LangevinAlgorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         if engine == "ray":
-            if self.step_size == "auto":
-                raise ValueError(
-                    f"step_size='auto' is not available for {self.name} on engine='ray' yet: "
-                    "run once on engine='local' (or on a sample of the clients) and pass "
-                    "result.info['step_size'] as a number")
-            if self.control_variates:
-                raise ValueError(
-                    f"control_variates=True is not available for {self.name} on engine='ray' "
-                    "yet (the anchor gradients are computed in-process): use engine='local' or "
-                    "control_variates=False")
             info = {"step_size": describe_step_size(self.step_size),
                     "batch_size": self.batch_size}
+            if not self._needs_driver_setup():
+                protocol = self.handoff_protocol()
+            else:
+                # "auto" (and the control variates) resolved by the driver from the federation
+                # it holds, by the in-process engine's computation (each client's statistics
+                # of its own estimator): the same h, surrogates and anchor, hence the same draws
+                if federation.is_deferred:
+                    raise ValueError(
+                        f"step_size='auto' and control_variates=True are not available for "
+                        f"{self.name} on engine='ray' with Federation.from_loaders yet (the "
+                        "driver holds no rows to set them up from): run once on a federation "
+                        "you hold and pass result.info['step_size'] as a number")
+                flat_model = model.flatten(init)
+                settings = self._resolve(
+                    flat_model, federation, federation.concatenated(),
+                    jnp.asarray(federation.weights, dtype=jnp.float32),
+                    jax.random.fold_in(jax.random.key(seed), 2**20), flat_model.ravel(init),
+                    info)
+                info["step_size"] = describe_step_size(settings.step_size)
+                info["setup_by"] = "driver"
+                protocol = self._protocol_of(settings)
             return sample_on_ray(
-                self.handoff_protocol(), model, federation, init=init, num_samples=num_samples,
+                protocol, model, federation, init=init, num_samples=num_samples,
                 burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
                 info=info, **options,
             )
@@ -669,6 +707,32 @@ class FSGLD(DSGLD):
         return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace)
 
     def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
+        settings = self._resolve(flat_model, federation, data, weights, key, theta0, info)
+        return fsgld.build_kernel(
+            flat_model, data, weights, self.batch_size, self.local_steps,
+            as_schedule(settings.step_size), settings.surrogates, settings.global_surrogate,
+            fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise,
+            settings.trust_region, control_variates=settings.variates,
+        )
+
+    def _protocol_of(self, settings: "_Settings") -> FSGLDProtocol:
+        """The hand-off protocol that runs ``settings`` on the Ray engine: the numeric h, the
+        surrogates the set-up fitted (given to the clients), the trust radius, the anchor."""
+        anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
+        radius = None if settings.trust_region is None else float(settings.trust_region.radius)
+        surrogates = (np.asarray(settings.surrogates.precision),
+                      np.asarray(settings.surrogates.shift))
+        return FSGLDProtocol(
+            settings.step_size, self.batch_size, self.local_steps, surrogate=surrogates,
+            alpha=self.alpha, alpha_warmup=self.alpha_warmup, diagonal=self.diagonal,
+            surrogate_draws=self.surrogate_draws, surrogate_burn_in=self.surrogate_burn_in,
+            surrogate_step_size=self.surrogate_step_size, trust_radius=radius,
+            radius_probes_per_client=self.radius_probes_per_client, noise=self.noise,
+            divergence_threshold=self.divergence_threshold, anchor=anchor)
+
+    def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> "_Settings":
+        """The run's settings: surrogates (re-expanded at the global mode under "auto"),
+        ``"auto"``, the control variates and the trust region resolved."""
         started = time.perf_counter()
         surrogates = self._fit(flat_model, federation, theta0, key)
         if self.step_size == "auto" and self.surrogate == "laplace":
@@ -707,9 +771,5 @@ class FSGLD(DSGLD):
             info["trust_radius"] = radius
         else:
             info["trust_radius"] = None
-        return fsgld.build_kernel(
-            flat_model, data, weights, self.batch_size, self.local_steps,
-            as_schedule(step_size), surrogates, global_surrogate,
-            fsgld.alpha_schedule(self.alpha, warmup), self.noise, trust_region,
-            control_variates=variates,
-        )
+        return _Settings(step_size=step_size, variates=variates, surrogates=surrogates,
+                         global_surrogate=global_surrogate, trust_region=trust_region)

@@ -32,7 +32,7 @@ from ..model import Model
 from ..protocols import ClientContext, HandoffProtocol, ServerSide
 from ..schedules import as_schedule
 from . import dsgld, fsgld
-from .estimators import estimator_moments
+from .estimators import ControlVariates, estimator_moments
 
 __all__ = ["DSGLDProtocol", "FSGLDProtocol"]
 
@@ -44,7 +44,8 @@ class DSGLDProtocol(HandoffProtocol):
     name = "DSGLD"
 
     def __init__(self, step_size, batch_size: int, local_steps: int, noise: bool = True,
-                 divergence_threshold: float = 1e10):
+                 divergence_threshold: float = 1e10, anchor=None):
+        self.anchor = None if anchor is None else np.asarray(anchor)
         self.step_size = step_size
         self.schedule = as_schedule(step_size)  # outside the compiled visit: it checks h
         self.batch_size = int(batch_size)
@@ -52,13 +53,53 @@ class DSGLDProtocol(HandoffProtocol):
         self.noise = bool(noise)
         self.divergence_threshold = float(divergence_threshold)
 
+    # ------------------------------------------------------------------ control variates
+    # With an ``anchor`` theta* (the global Laplace mode the driver's "auto" set-up chose),
+    # each client computes its full-data gradient there once and keeps it: the estimator of
+    # ``estimators.dsgld_gradient_with_control_variates`` then runs on the client, and only
+    # theta* (d floats) travels.
+    def client_anchor_gradient(self, context: ClientContext, anchor) -> int:
+        """grad log p(x_s | theta*) on this client's rows, kept here; replies the index."""
+        flat_model, rows = context.flat_model, context.data.data
+        gradient = jax.jit(lambda theta: flat_model.grad_log_likelihood_sum(theta, rows))
+        context.store["anchor_gradient"] = np.asarray(gradient(jnp.asarray(anchor)))
+        return context.index
+
+    def _prepare_variates(self, server: ServerSide) -> None:
+        if self.anchor is not None:
+            anchor = self.anchor
+            server.ask("anchor_gradient", lambda s: (anchor,), None)
+            server.info["control_variates"] = True
+
+    def _variates(self, parameters):
+        if "anchor" not in parameters:
+            return None
+        return ControlVariates(anchor=parameters["anchor"],
+                               anchor_gradients=parameters["anchor_gradient"][None])
+
+    def prepare(self, server: ServerSide):
+        self._prepare_variates(server)
+        return None
+
     def client_parameters(self, server, prepared, weights, clients):
-        return [{"weight": np.float32(weights[s])} for s in clients]
+        return [self._with_anchor({"weight": np.float32(weights[s])}) for s in clients]
+
+    def _with_anchor(self, entry: Dict[str, Any]) -> Dict[str, Any]:
+        if self.anchor is not None:
+            entry["anchor"] = self.anchor
+        return entry
+
+    def complete_parameters(self, context, parameters):
+        parameters = dict(parameters)
+        if "anchor" in parameters:
+            parameters["anchor_gradient"] = context.store["anchor_gradient"]
+        return parameters
 
     def _kernel(self, context: ClientContext, parameters: Dict[str, Any]):
         return dsgld.build_kernel(
             context.flat_model, context.data, parameters["weight"][None], self.batch_size,
-            self.local_steps, self.schedule, self.noise)
+            self.local_steps, self.schedule, self.noise,
+            control_variates=self._variates(parameters))
 
     def build_update(self, context, parameters):
         step = self._kernel(context, parameters)
@@ -81,8 +122,8 @@ class FSGLDProtocol(DSGLDProtocol):
                  alpha_warmup: int, diagonal: Optional[bool], surrogate_draws: int,
                  surrogate_burn_in: int, surrogate_step_size: Optional[float], trust_radius,
                  radius_probes_per_client: int, noise: bool = True,
-                 divergence_threshold: float = 1e10):
-        super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold)
+                 divergence_threshold: float = 1e10, anchor=None):
+        super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold, anchor)
         self.surrogate = surrogate
         self.alpha = float(alpha)
         self.alpha_warmup = int(alpha_warmup)
@@ -146,7 +187,7 @@ class FSGLDProtocol(DSGLDProtocol):
         return np.asarray(mean), float(second)
 
     def complete_parameters(self, context, parameters):
-        parameters = dict(parameters)
+        parameters = super().complete_parameters(context, parameters)
         if "precision" in parameters:  # given surrogates: the server sends each its own
             context.store["surrogate"] = (parameters["precision"], parameters["shift"])
         elif "surrogate" in context.store:
@@ -159,6 +200,7 @@ class FSGLDProtocol(DSGLDProtocol):
     def prepare(self, server: ServerSide):
         """The clients' surrogates: fitted by each client (a reply of d + d^2 or 2d floats)
         or given by the user."""
+        self._prepare_variates(server)
         dim = server.flat_model.dim
         if isinstance(self.surrogate, str):
             theta0 = np.asarray(server.theta0)
@@ -208,8 +250,9 @@ class FSGLDProtocol(DSGLDProtocol):
             server.info["trust_radius"] = None
         parameters: List[Dict[str, Any]] = []
         for s in kept.tolist():
-            entry = {"weight": np.float32(weights[s]), "global_precision": global_surrogate[0],
-                     "global_shift": global_surrogate[1]}
+            entry = self._with_anchor({"weight": np.float32(weights[s]),
+                                       "global_precision": global_surrogate[0],
+                                       "global_shift": global_surrogate[1]})
             if given:
                 entry["precision"] = np.asarray(surrogates.precision[s])
                 entry["shift"] = np.asarray(surrogates.shift[s])
@@ -232,5 +275,6 @@ class FSGLDProtocol(DSGLDProtocol):
                                                 parameters["shift"][None]),
             surrogate_module.ProductSurrogate(parameters["global_precision"],
                                               parameters["global_shift"]),
-            fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise, trust)
+            fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise, trust,
+            control_variates=self._variates(parameters))
 

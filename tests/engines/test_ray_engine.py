@@ -163,6 +163,36 @@ def test_client_messages_are_parameter_sized(fsgld_runs):
             assert len(shape) <= 2, (client, method, shape)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: fm.DSGLD(step_size="auto", batch_size=5, local_steps=10),
+    lambda: fm.DSGLD(step_size=2e-4, batch_size=5, local_steps=10, control_variates=True),
+    lambda: fm.FSGLD(step_size="auto", batch_size=5, local_steps=10),
+], ids=["DSGLD-auto", "DSGLD-control-variates", "FSGLD-auto"])
+def test_auto_and_control_variates_on_ray_give_the_in_process_run(local_ray, make):
+    """step_size='auto' (and the control variates it may choose) on Ray: the driver resolves
+    them as the in-process engine does; each client computes its own anchor gradient; the
+    draws are the in-process ones."""
+    federation = gaussian_federation()
+    kw = dict(init=jnp.zeros(DIM), num_samples=30, burn_in=10, thin=20, chains=2, seed=5)
+    local = fm.sample(GAUSSIAN_MODEL, federation, make(), **kw)
+    on_ray = fm.sample(GAUSSIAN_MODEL, federation, make(), engine="ray", visit_timeout=TIMEOUT,
+                       **kw)
+    assert on_ray.info["step_size"] == local.info["step_size"]
+    assert on_ray.info["control_variates"] == local.info["control_variates"]
+    assert on_ray.info["setup_by"] == "driver"
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(on_ray.sample_stats["client"], local.sample_stats["client"])
+
+
+def test_auto_on_ray_with_data_on_the_clients_is_refused():
+    federation = fm.Federation.from_loaders(
+        [lambda i=i: np.full((5 + i, DIM), 0.1 * i, np.float32) for i in range(3)])
+    with pytest.raises(ValueError, match="from_loaders"):
+        fm.sample(GAUSSIAN_MODEL, federation, fm.FSGLD(step_size="auto", batch_size=5,
+                                                       local_steps=10),
+                  init=jnp.zeros(DIM), num_samples=5, engine="ray")
+
+
 def _is_loopback(address: str) -> bool:
     import ipaddress
 
