@@ -123,7 +123,7 @@ def _run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
         # the budget is checked at chunk ends: chunks of 1/250 of the run (1 draw at quick
         # size) keep the overrun small even where one draw takes a minute (Fed Boomerang under
         # client drift: 1/40 of the run let a 120 s budget run 349 s); the compiled chunk is
-        # the same program whatever its length, so shorter chunks cost only their Python round
+        # the same program whatever its length, so shorter chunks cost only a Python round trip
         sample_kwargs.setdefault("chunk_size", max(1, total // 250))
         deadline = started + seconds
 
