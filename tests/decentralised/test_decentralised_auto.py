@@ -341,6 +341,7 @@ def test_auto_settings_agree_with_nuts_on_grouseticks():
     _assert_agrees(z, mcse, samples.reshape(-1, instance.dim).std(0) / sd)
 
 
+@pytest.mark.slow
 def test_the_spread_check_allows_the_predicted_spread_of_a_sparse_graph():
     """65 schools on a ring (mlmRev Exam, exact Gaussian posterior): with 'auto' settings the
     agents' stationary consensus error is about 6x the posterior's total variance, as the

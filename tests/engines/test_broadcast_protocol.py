@@ -39,9 +39,9 @@ def over_transport(algorithm, num_samples=40, **options):
 
 CASES = [
     fm.FedZigZag(sample_interval=0.3),
-    fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.2),
-    fm.FedZigZag(sample_interval=0.3, control_variates=True, redistribution_rate=0.5,
-                 prior="split"),
+    pytest.param(fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.2), marks=pytest.mark.slow),
+    pytest.param(fm.FedZigZag(sample_interval=0.3, control_variates=True,
+                              redistribution_rate=0.5, prior="split"), marks=pytest.mark.slow),
 ]
 
 

@@ -37,7 +37,8 @@ def over_transport(algorithm, **options):
 
 @pytest.mark.parametrize("algorithm", [
     fm.DULA(step_size=1e-3, beta=0.3),
-    fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.3, batch_size=8),
+    pytest.param(fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.3, batch_size=8),
+                 marks=pytest.mark.slow),
 ], ids=["DULA", "GTDULA-minibatch"])
 def test_the_neighbour_engine_gives_the_in_process_draws(algorithm):
     local = fm.sample(MODEL, federation(), algorithm, **RUN)

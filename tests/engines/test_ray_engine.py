@@ -164,8 +164,10 @@ def test_client_messages_are_parameter_sized(fsgld_runs):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: fm.DSGLD(step_size="auto", batch_size=5, local_steps=10),
-    lambda: fm.DSGLD(step_size=2e-4, batch_size=5, local_steps=10, control_variates=True),
+    pytest.param(lambda: fm.DSGLD(step_size="auto", batch_size=5, local_steps=10),
+                 marks=pytest.mark.slow),
+    pytest.param(lambda: fm.DSGLD(step_size=2e-4, batch_size=5, local_steps=10,
+                                  control_variates=True), marks=pytest.mark.slow),
     lambda: fm.FSGLD(step_size="auto", batch_size=5, local_steps=10),
 ], ids=["DSGLD-auto", "DSGLD-control-variates", "FSGLD-auto"])
 def test_auto_and_control_variates_on_ray_give_the_in_process_run(local_ray, make):
