@@ -35,8 +35,8 @@ import jax.numpy as jnp
 from .federation import ConcatenatedData
 from .model import FlatModel
 
-__all__ = ["ClientContext", "HandoffProtocol", "ServerSide", "draw_client",
-           "client_from_uniform"]
+__all__ = ["ClientContext", "client_context", "client_function", "HandoffProtocol",
+           "ServerSide", "draw_client", "client_from_uniform"]
 
 
 class ClientContext(NamedTuple):
@@ -62,6 +62,29 @@ class ClientContext(NamedTuple):
     store: Dict[str, Any]
 
 
+def client_context(index: int, data: Any, size: int, model, init: Any, num_clients: int,
+                   seed: int) -> ClientContext:
+    """The :class:`ClientContext` of client ``index`` holding ``data`` (``size`` rows), as
+    every engine's client endpoint builds it: the rows as loaded and in the kernels'
+    one-client layout, the model flattened at ``init``, an empty ``store``."""
+    layout = ConcatenatedData(data=jax.tree_util.tree_map(jnp.asarray, data),
+                              offsets=jnp.zeros((1,), jnp.int32),
+                              sizes=jnp.full((1,), size, jnp.int32))
+    return ClientContext(index=int(index), flat_model=model.flatten(init), model=model,
+                         init=init, data=layout, raw_data=data, size=int(size),
+                         num_clients=int(num_clients), seed=int(seed), store={})
+
+
+def client_function(functions: Any, name: str) -> Callable:
+    """The client-side function ``client_<name>`` of a protocol (or a family's functions
+    object); ``ValueError`` naming it when there is none."""
+    function = getattr(functions, f"client_{name}", None) if name.isidentifier() else None
+    if function is None:
+        owner = getattr(functions, "name", type(functions).__name__)
+        raise ValueError(f"{owner} has no client-side function {name!r}")
+    return function
+
+
 class ServerSide(NamedTuple):
     """What a protocol's server-side set-up may use in the driver.
 
@@ -70,8 +93,8 @@ class ServerSide(NamedTuple):
     arguments ``args_of_client(client)`` and returns their replies in order; a
     failing client raises :class:`~fedmcmc.engines.comm.ClientFailureError`.
     ``flat_model`` and ``theta0`` (the flat initial position) describe the
-    parameter, ``num_clients`` the federation; ``info`` is the run's ``Result.info``, to which set-up adds
-    what it chose.
+    parameter, ``num_clients`` and ``seed`` the federation and the run; ``info`` is the
+    run's ``Result.info``, to which set-up adds what it chose.
     """
 
     ask: Callable[[str, Callable[[int], tuple], Optional[Sequence[int]]], List[Any]]

@@ -71,9 +71,8 @@ class _Agent:
         self.index, self.size = context.index, context.size
         self.spec = dict(spec)
         init = context.init
-        flat = context.model.flatten(init)
-        self.flat_model = flat
-        self.data = jax.tree_util.tree_map(jnp.asarray, context.raw_data)
+        flat = self.flat_model = context.flat_model
+        self.data = context.data.data  # its rows, on the device
         n, chains, dim = spec["n"], spec["chains"], flat.dim
         self.schedule = decaying_schedule(spec["step_size"], spec["decay_every"], spec["decay_factor"])
         self.neighbours: List[int] = list(spec["neighbours"])

@@ -38,10 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..federation import ConcatenatedData
 from ..progress import progress_bar
-from ..protocols import ClientContext
-from .comm import ClientEndpoint, ClientFailure, Transport
+from ..protocols import client_context, client_function
+from .comm import ClientEndpoint, ClientFailure, Transport, collect
 from .local import ChainRun, default_chunk_size
 
 __all__ = ["BroadcastClient", "BroadcastDraw", "run_remote_chains"]
@@ -63,29 +62,17 @@ class BroadcastClient(ClientEndpoint):
                  num_clients: int, seed: int):
         super().__init__(index, source)
         self.functions = functions
-        size = self.size
-        self.context = ClientContext(
-            index=self.index, flat_model=model.flatten(init), model=model, init=init,
-            data=ConcatenatedData(data=self.data, offsets=np.zeros((1,), np.int32),
-                                  sizes=np.full((1,), size, np.int32)),
-            raw_data=self.data, size=size, num_clients=int(num_clients), seed=int(seed),
-            store={})
-
-    def _function(self, name: str):
-        function = getattr(self.functions, f"client_{name}", None) if name.isidentifier() else None
-        if function is None:
-            raise ValueError(f"{type(self.functions).__name__} has no client-side function "
-                             f"{name!r}")
-        return function
+        self.context = client_context(self.index, self.data, self.size, model, init,
+                                      num_clients, seed)
 
     def setup(self, name: str, *args):
-        return self._function(name)(self.context, *args)
+        return client_function(self.functions, name)(self.context, *args)
 
     def configure(self, *args):
-        return self._function("configure")(self.context, *args)
+        return client_function(self.functions, "configure")(self.context, *args)
 
     def respond(self, *args):
-        return self._function("respond")(self.context, *args)
+        return client_function(self.functions, "respond")(self.context, *args)
 
 
 # ----------------------------------------------------------------------------- server side
@@ -138,25 +125,12 @@ class BroadcastDraw:
         (raise) or drop the worker, by the user's choice."""
         live = [m for m in range(self.num_workers) if m not in self.dead]
         pendings = [self.transport.call(m, method, *per_worker_args(m)) for m in live]
-        replies: Dict[int, Any] = {}
-        waiting = list(pendings)
-        deadline = None if self.timeout is None else time.perf_counter() + self.timeout
-        while waiting:
-            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-            ready, waiting = self.transport.wait(waiting, timeout=left)
-            failed = []
-            if not ready:
-                failed = [(p.client, f"no answer to {method!r} within visit_timeout="
-                                     f"{self.timeout:g} s") for p in waiting]
-                waiting = []
-            for pending in ready:
-                try:
-                    replies[pending.client] = self.transport.result(pending)
-                except ClientFailure as failure:
-                    failed.append((failure.client, failure.reason))
-            for client, reason in failed:
-                self._fail(client, reason)
-        return replies
+        values, failures = collect(self.transport, pendings, self.timeout)
+        for pending, reason in failures:
+            self._fail(pending.client, reason)
+        failed = {id(pending) for pending, _ in failures}
+        return {pending.client: value for pending, value in zip(pendings, values)
+                if id(pending) not in failed}
 
     def _fail(self, client: int, reason: str) -> None:
         self.failures.append({"client": int(client), "reason": reason,

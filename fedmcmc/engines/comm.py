@@ -42,6 +42,7 @@ __all__ = [
     "ClientEndpoint",
     "describe_federation",
     "call_all",
+    "collect",
     "gather",
     "gather_before_sampling",
     "FaultInjectingTransport",
@@ -207,12 +208,7 @@ class InProcessTransport(Transport):
 
     def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
         self.record("to_clients", client, method, args)
-        try:
-            reply = getattr(self.clients[client], method)(*args)
-            handle = ("ok", reply)
-        except Exception as error:  # a failing client, as a remote one would
-            handle = ("error", error)
-        return Pending(client, method, handle, tag)
+        return self.relay(client, method, *args, tag=tag)
 
     def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
         try:
@@ -266,21 +262,41 @@ class ClientEndpoint:
         return describe_client(self.data)
 
 
-def gather(transport: "Transport", pendings: Sequence[Pending],
-           timeout: Optional[float]) -> List[Any]:
-    """Wait for every reply of ``pendings`` (``timeout`` seconds in all, ``None``: no limit)
-    and read them in order. The one gather of the engines: a client that does not answer in
-    time or that failed raises :class:`ClientFailure` naming it; the caller decides what that
-    means (stop, drop the client, or a set-up error)."""
+def collect(transport: "Transport", pendings: Sequence[Pending],
+            timeout: Optional[float]) -> Tuple[List[Any], List[Tuple[Pending, str]]]:
+    """Wait for the replies of ``pendings`` (``timeout`` seconds in all, ``None``: no limit)
+    and read each as it arrives. Returns ``(values, failures)``: the replies in the order of
+    ``pendings`` (``None`` for a failed one) and ``(pending, reason)`` for every call whose
+    client failed or did not answer in time. The one wait loop of the engines: the caller
+    decides what a failure means (stop, drop the client, a set-up error)."""
+    values: Dict[int, Any] = {}
+    failures: List[Tuple[Pending, str]] = []
     waiting = list(pendings)
     deadline = None if timeout is None else time.perf_counter() + timeout
     while waiting:
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
         ready, waiting = transport.wait(waiting, timeout=left)
         if not ready:
-            raise ClientFailure(waiting[0].client,
-                                f"no answer within visit_timeout={timeout:g} s")
-    return [transport.result(pending) for pending in pendings]
+            failures += [(pending, f"no answer to {pending.method!r} within "
+                                   f"visit_timeout={timeout:g} s") for pending in waiting]
+            break
+        for pending in ready:
+            try:
+                values[id(pending)] = transport.result(pending)
+            except ClientFailure as failure:
+                failures.append((pending, failure.reason))
+    return [values.get(id(pending)) for pending in pendings], failures
+
+
+def gather(transport: "Transport", pendings: Sequence[Pending],
+           timeout: Optional[float]) -> List[Any]:
+    """:func:`collect` where any failure is fatal: the replies in order, or
+    :class:`ClientFailure` naming the (first) client that failed or did not answer."""
+    values, failures = collect(transport, pendings, timeout)
+    if failures:
+        pending, reason = failures[0]
+        raise ClientFailure(pending.client, reason)
+    return values
 
 
 def gather_before_sampling(transport: "Transport", pendings: Sequence[Pending],

@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..federation import ConcatenatedData, Federation, describe_client
+from ..federation import Federation, describe_client
 from ..progress import progress_bar
-from ..protocols import ClientContext, HandoffProtocol, ServerSide, draw_client
+from ..protocols import HandoffProtocol, ServerSide, client_context, client_function, draw_client
 from ..results import Result, SamplingDivergedError
 from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
                    Transport, call_all, describe_federation, gather_before_sampling,
@@ -71,22 +71,8 @@ class HandoffClient(ClientEndpoint):
         self.spec = dict(spec)
         self.protocol = protocol
         self._raw_data = self.data
-        self.context = ClientContext(
-            index=self.index,
-            flat_model=model.flatten(init),
-            model=model,
-            init=init,
-            data=ConcatenatedData(
-                data=jax.tree_util.tree_map(jnp.asarray, self._raw_data),
-                offsets=jnp.zeros((1,), jnp.int32),
-                sizes=jnp.full((1,), self.size, jnp.int32),
-            ),
-            raw_data=self._raw_data,
-            size=self.size,
-            num_clients=int(spec["num_clients"]),
-            seed=int(spec["seed"]),
-            store={},
-        )
+        self.context = client_context(self.index, self._raw_data, self.size, model, init,
+                                      spec["num_clients"], spec["seed"])
         self.parameters: Dict[str, Any] = {}
         self._visit = None
 
@@ -95,10 +81,7 @@ class HandoffClient(ClientEndpoint):
 
     def setup(self, name: str, *args):
         """Run the protocol's client-side function ``client_<name>`` on this client's data."""
-        function = getattr(self.protocol, f"client_{name}", None) if name.isidentifier() else None
-        if function is None:
-            raise ValueError(f"{self.protocol.name} has no client-side function {name!r}")
-        return function(self.context, *args)
+        return client_function(self.protocol, name)(self.context, *args)
 
     def configure(self, parameters: Dict[str, Any]) -> int:
         """Set this client's update parameters (sent again after a client is dropped: f_s
@@ -567,10 +550,6 @@ def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str
     if engine != "local":
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     options = check_engine_options(options, protocol.name, engine="local")
-    for name in ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
-                 "allow_unauthenticated_cluster"):
-        if options.get(name) not in (None, False, 0):
-            raise ValueError(f"{name} is a Ray option; engine='local' takes none")
     return sample_handoff(
         protocol, model, federation,
         lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),

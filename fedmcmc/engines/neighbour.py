@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from ..federation import ConcatenatedData
-from ..protocols import ClientContext
+from ..protocols import client_context, client_function
 from .comm import ClientEndpoint
 
 __all__ = ["NeighbourClient"]
@@ -36,20 +33,12 @@ class NeighbourClient(ClientEndpoint):
                  num_clients: int, seed: int, start: tuple = ()):
         super().__init__(index, source)
         self.functions = functions
-        self.context = ClientContext(
-            index=self.index, flat_model=model.flatten(init), model=model, init=init,
-            data=ConcatenatedData(data=self.data, offsets=np.zeros((1,), np.int32),
-                                  sizes=np.full((1,), self.size, np.int32)),
-            raw_data=self.data, size=self.size, num_clients=int(num_clients), seed=int(seed),
-            store={})
+        self.context = client_context(self.index, self.data, self.size, model, init,
+                                      num_clients, seed)
         self._call("start", *start)
 
     def _call(self, name: str, *args):
-        function = getattr(self.functions, f"client_{name}", None) if name.isidentifier() else None
-        if function is None:
-            raise ValueError(f"{type(self.functions).__name__} has no client-side function "
-                             f"{name!r}")
-        return function(self.context, *args)
+        return client_function(self.functions, name)(self.context, *args)
 
     def message(self):
         return self._call("message")

@@ -26,6 +26,11 @@ ENGINE_OPTIONS = (
 )
 
 
+#: the options that only the Ray engine reads
+RAY_ONLY_OPTIONS = ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
+                    "allow_unauthenticated_cluster")
+
+
 def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray") -> Dict[str, Any]:
     """Keep the engine options of ``options`` (``ValueError`` naming any other, or a resume
     option, which the protocol engines do not support), with defaults filled in. ``engine``
@@ -45,6 +50,10 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
             f"options {used} (resume) are not supported with engine={engine!r} for {name}; "
             "use engine='local' with an algorithm of the package"
         )
+    if engine == "local":
+        ray_only = [k for k in RAY_ONLY_OPTIONS if options.get(k) not in (None, False, 0)]
+        if ray_only:
+            raise ValueError(f"{ray_only[0]} is a Ray option; engine='local' takes none")
     out = {k: options[k] for k in ENGINE_OPTIONS if k in options}
     policy = out.get("on_client_failure", "stop")
     if policy not in ("stop", "drop"):

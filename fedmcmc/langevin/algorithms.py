@@ -385,11 +385,15 @@ class DSGLD(_LangevinAlgorithm):
                              f"got {control_variates!r}")
         self.control_variates = control_variates
 
-    def handoff_protocol(self) -> DSGLDProtocol:
+    def handoff_protocol(self, settings: Optional["_Settings"] = None) -> DSGLDProtocol:
         """This algorithm as a hand-off protocol (what the clients and the server of the Ray
-        engine run; ``fedmcmc.langevin.handoff``)."""
-        return DSGLDProtocol(self.step_size, self.batch_size, self.local_steps, self.noise,
-                             self.divergence_threshold)
+        engine run; ``fedmcmc.langevin.handoff``). ``settings``: the resolved ones
+        (:meth:`_resolve`: a numeric h, the control variates' anchor), else the
+        constructor's."""
+        settings = settings or _Settings(step_size=self.step_size)
+        anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
+        return DSGLDProtocol(settings.step_size, self.batch_size, self.local_steps, self.noise,
+                             self.divergence_threshold, anchor=anchor)
 
     def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> _Settings:
         """The run's settings: ``"auto"`` and the control variates resolved (``info`` says
@@ -408,13 +412,6 @@ class DSGLD(_LangevinAlgorithm):
             flat_model, data, weights, self.batch_size, self.local_steps,
             as_schedule(settings.step_size), self.noise, control_variates=settings.variates,
         )
-
-    def _protocol_of(self, settings: "_Settings") -> DSGLDProtocol:
-        """The hand-off protocol that runs ``settings`` (a numeric h, the control variates'
-        anchor) on the Ray engine."""
-        anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
-        return DSGLDProtocol(settings.step_size, self.batch_size, self.local_steps, self.noise,
-                             self.divergence_threshold, anchor=anchor)
 
     def _needs_driver_setup(self) -> bool:
         return self.step_size == "auto" or bool(self.control_variates)
@@ -491,7 +488,7 @@ class DSGLD(_LangevinAlgorithm):
                     info)
                 info["step_size"] = describe_step_size(settings.step_size)
                 info["setup_by"] = "driver"
-                protocol = self._protocol_of(settings)
+                protocol = self.handoff_protocol(settings)
             return sample_on_ray(
                 protocol, model, federation, init=init, num_samples=num_samples,
                 burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
@@ -676,16 +673,6 @@ class FSGLD(DSGLD):
     #: minibatch draws per client for the automatic trust radius
     radius_probes_per_client = 64
 
-    def handoff_protocol(self) -> FSGLDProtocol:
-        """This algorithm as a hand-off protocol (``fedmcmc.langevin.handoff``)."""
-        return FSGLDProtocol(
-            self.step_size, self.batch_size, self.local_steps, surrogate=self.surrogate,
-            alpha=self.alpha, alpha_warmup=self.alpha_warmup, diagonal=self.diagonal,
-            surrogate_draws=self.surrogate_draws, surrogate_burn_in=self.surrogate_burn_in,
-            surrogate_step_size=self.surrogate_step_size, trust_radius=self.trust_radius,
-            radius_probes_per_client=self.radius_probes_per_client, noise=self.noise,
-            divergence_threshold=self.divergence_threshold)
-
     def _auto_trust_radius(self, flat_model, data, weights, surrogates, global_surrogate, center,
                            key, step_size) -> float:
         """``trust_radius="auto"`` (``fsgld.auto_trust_radius``): the chi-square quantile widened
@@ -715,13 +702,21 @@ class FSGLD(DSGLD):
             settings.trust_region, control_variates=settings.variates,
         )
 
-    def _protocol_of(self, settings: "_Settings") -> FSGLDProtocol:
-        """The hand-off protocol that runs ``settings`` on the Ray engine: the numeric h, the
-        surrogates the set-up fitted (given to the clients), the trust radius, the anchor."""
+    def handoff_protocol(self, settings: Optional["_Settings"] = None) -> FSGLDProtocol:
+        """This algorithm as a hand-off protocol (``fedmcmc.langevin.handoff``). Without
+        ``settings`` the clients fit their own surrogates and the server sets the trust radius
+        from their replies; with the resolved ones (:meth:`_resolve`) the protocol runs the
+        numeric h, the surrogates the set-up fitted (given to the clients), the trust radius
+        and the control variates' anchor."""
+        if settings is None:
+            settings, surrogates, radius = (_Settings(step_size=self.step_size), self.surrogate,
+                                            self.trust_radius)
+        else:
+            radius = None if settings.trust_region is None else float(
+                settings.trust_region.radius)
+            surrogates = (np.asarray(settings.surrogates.precision),
+                          np.asarray(settings.surrogates.shift))
         anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
-        radius = None if settings.trust_region is None else float(settings.trust_region.radius)
-        surrogates = (np.asarray(settings.surrogates.precision),
-                      np.asarray(settings.surrogates.shift))
         return FSGLDProtocol(
             settings.step_size, self.batch_size, self.local_steps, surrogate=surrogates,
             alpha=self.alpha, alpha_warmup=self.alpha_warmup, diagonal=self.diagonal,
