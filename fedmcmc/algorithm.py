@@ -8,6 +8,11 @@ from typing import Any
 __all__ = ["Algorithm", "check_positive_int", "check_positive_float", "check_nonnegative_int"]
 
 
+def check_optional(check, value: Any, argument: str):
+    """``None`` where an argument is optional and not given, else ``check(value, argument)``."""
+    return None if value is None else check(value, argument)
+
+
 def check_positive_int(value: Any, argument: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{argument} must be a positive integer, got {value!r}")

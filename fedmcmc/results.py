@@ -10,7 +10,8 @@ import numpy as np
 
 PyTree = Any
 
-__all__ = ["Result", "SamplingDivergedError"]
+__all__ = ["Result", "SamplingDivergedError", "assemble_result", "divergence_details",
+           "diverged_error"]
 
 
 def flatten_names(tree: PyTree) -> Dict[str, np.ndarray]:
@@ -121,3 +122,80 @@ class SamplingDivergedError(RuntimeError):
         self.result = result
         self.chains = list(chains)
         self.details = details
+
+
+def assemble_result(run, *, algorithm: str, unravel, info: Dict[str, Any], dim: int,
+                    thin: Optional[int] = 1, burn_in: int = 0, start_draw: int = 0,
+                    sample_stats: Optional[Dict[str, np.ndarray]] = None) -> Result:
+    """The :class:`Result` of a driver run (``fedmcmc.engines.driver.ChainRun``), the same for
+    every family and engine: the run figures every result has are added to ``info`` (a dict
+    the caller owns, already holding the family's own figures, which win: a family that
+    counts ``iterations`` its own way keeps its count), then the draws.
+
+    ``unravel``: kept flat draws ``(chains, kept, draw_dim)`` -> the samples pytree.
+    ``thin``: sampler iterations per draw; None where draws are not made of iterations
+    (PDMPs: no ``iterations`` or ``seconds_per_iteration``). ``sample_stats``: the per-draw
+    stats to keep (default: every stat of the run).
+    """
+    standard = dict(
+        algorithm=algorithm,
+        chains=int(run.diverged.shape[0]),
+        draws_kept=int(run.draws.shape[1]),
+        wall_time=run.wall_time,
+        interrupted=run.interrupted,
+        dim=int(dim),
+    )
+    if thin is not None:
+        standard["iterations"] = int(run.draws_done * thin)
+        if run.seconds_per_draw is not None:  # steady state, compilation excluded
+            standard["seconds_per_iteration"] = run.seconds_per_draw / thin
+    if start_draw:
+        standard["start_draw"] = int(start_draw)
+    if run.draws_per_chain is not None:  # chains stopped at different draws (a failure)
+        standard["draws_per_chain"] = np.maximum(
+            np.asarray(run.draws_per_chain) - burn_in, 0).tolist()
+    for key, value in standard.items():
+        info.setdefault(key, value)
+    stats = run.stats if sample_stats is None else sample_stats
+    return Result(samples=unravel(run.draws), info=info,
+                  sample_stats={k: np.asarray(v) for k, v in stats.items()},
+                  algorithm=algorithm)
+
+
+def divergence_details(run, thin: Optional[int] = 1, stats=()) -> list:
+    """Where each diverged chain of a driver run went wrong, the same keys for every family:
+    ``chain``, ``draw`` (global index of its first bad draw), ``iteration`` (the sampler
+    iteration that draw ends at; left out when ``thin`` is None: a PDMP's draws are not
+    made of iterations) and the per-draw ``stats`` named (client, round ...) at that draw."""
+    details = []
+    for chain in np.nonzero(run.diverged)[0]:
+        draw = int(run.first_bad_draw[chain])
+        where = {"chain": int(chain), "draw": draw}
+        if thin is not None:
+            where["iteration"] = int((draw + 1) * thin)
+        for name in stats:
+            if name in run.bad_stats:
+                value = run.bad_stats[name][chain]
+                where[name] = value.item() if hasattr(value, "item") else value
+        details.append(where)
+    return details
+
+
+def diverged_error(algorithm: str, result: Optional[Result], details: list, cause: str
+                   ) -> SamplingDivergedError:
+    """The :class:`SamplingDivergedError` of a run whose chains ``details``
+    (:func:`divergence_details`) diverged, keeping ``result`` (the draws made before; None
+    when there are too few to make one); ``cause``: what went wrong and what to change.
+    Records ``info["diverged_chains"]``."""
+    chains = [d["chain"] for d in details]
+    if result is not None:
+        result.info["diverged_chains"] = chains
+    where = "; ".join(
+        f"chain {d['chain']} " + (f"by iteration {d['iteration']}" if "iteration" in d
+                                  else f"at draw {d['draw']}")
+        + "".join(f", {k} {v}" for k, v in d.items()
+                  if k not in ("chain", "draw", "iteration"))
+        for d in details)
+    return SamplingDivergedError(
+        f"{algorithm}: {len(chains)} chain(s) stopped: {where}: {cause}. The draws made "
+        "before are in error.result", result, chains, details)

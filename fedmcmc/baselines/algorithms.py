@@ -27,14 +27,15 @@ from .. import rng
 from ..algorithm import (
     Algorithm,
     check_nonnegative_int,
+    check_optional,
     check_positive_float,
     check_positive_int,
 )
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
-from ..results import Result, SamplingDivergedError
+from ..results import assemble_result, divergence_details, diverged_error
 from . import consensus, fald, qlsd
-from .common import client_likelihood_gradients, diverged_error, global_mode, unravel_numpy
+from .common import client_likelihood_gradients, global_mode, unravel_numpy
 
 __all__ = ["FALD", "QLSD", "ConsensusMC"]
 
@@ -201,6 +202,7 @@ class FALD(Algorithm):
         dim, num_clients = flat_model.dim, federation.num_clients
         k = self.clients_per_round(num_clients)
         info = {
+            "chains": chains,  # the engine ran them as one state
             "step_size": self.step_size,
             "batch_size": self.batch_size,
             "local_steps": self.local_steps,
@@ -249,13 +251,6 @@ class FALD(Algorithm):
         # per round: the shared state down to each participant and its chain back up
         messages = 2 * client_rounds + mid_round
         info.update(
-            algorithm=self.name,
-            chains=chains,
-            iterations=run.draws_done * thin,
-            draws_kept=int(run.draws.shape[1]),
-            wall_time=run.wall_time,
-            interrupted=run.interrupted,
-            dim=dim,
             rounds=int(rounds.max()) + setup_rounds,
             rounds_per_chain=(rounds + setup_rounds).tolist(),
             messages=int(messages + (2 * num_clients * setup_rounds if setup_rounds else 0)),
@@ -263,16 +258,12 @@ class FALD(Algorithm):
             draws_inside_rounds_uploads=mid_round,
         )
         info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
-        if run.seconds_per_draw is not None:
-            info["seconds_per_iteration"] = run.seconds_per_draw / thin
-        if start_draw:
-            info["start_draw"] = int(start_draw)
-        samples = unravel_numpy(flat_model, np.asarray(run.draws))
-        stats = {k: np.asarray(v) for k, v in run.stats.items()}
-        result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
+        result = assemble_result(run, algorithm=self.name,
+                                 unravel=lambda draws: unravel_numpy(flat_model, draws),
+                                 info=info, dim=dim, thin=thin, start_draw=start_draw)
         if run.diverged.any():
-            raise diverged_error(self.name, run, thin, result, info, self.divergence_threshold,
-                                 "lower step_size or local_steps")
+            raise diverged_error(self.name, result, divergence_details(run, thin),
+                                 _diverged_cause(self, "lower step_size or local_steps"))
         return result
 
 
@@ -339,12 +330,9 @@ class QLSD(Algorithm):
         if not self.variance_reduction and (reference_every is not None or memory_rate is not None):
             raise ValueError("reference_every and memory_rate are QLSD++ settings: they need "
                              "variance_reduction=True")
-        if reference_every is not None:
-            reference_every = check_positive_int(reference_every, "reference_every")
-        self.reference_every = reference_every
-        if memory_rate is not None:
-            memory_rate = _check_unit_fraction(memory_rate, "memory_rate")
-        self.memory_rate = memory_rate
+        self.reference_every = check_optional(check_positive_int, reference_every,
+                                              "reference_every")
+        self.memory_rate = check_optional(_check_unit_fraction, memory_rate, "memory_rate")
         self.noise = bool(noise)
 
     @property
@@ -408,26 +396,18 @@ class QLSD(Algorithm):
             divergence_threshold=self.divergence_threshold, progress=progress, label=self.name,
             iterations_per_draw=thin * chains, start_draw=start_draw, **run_options,
         )
-        kept = run.draws.shape[1]
-        draws = np.asarray(run.draws)[0].reshape(kept, chains, dim).transpose(1, 0, 2)
         iterations = run.draws_done * thin
         bits_per_vector = 32 * dim if levels is None else 32 + self.bits * dim
         # every iteration: theta down to each client (d float32), one quantised vector up
         bits = chains * iterations * num_clients * (32 * dim + bits_per_vector)
         info = {
-            "algorithm": self.name,
+            "chains": chains,  # the engine ran them as one state
             "step_size": self.step_size,
             "batch_size": self.batch_size,
             "bits": self.bits if self.bits is not None else "none",
             "quantization_levels": levels if levels is not None else "none",
             "variance_reduction": self.variance_reduction,
             "num_clients": num_clients,
-            "chains": chains,
-            "iterations": iterations,
-            "draws_kept": int(kept),
-            "wall_time": run.wall_time,
-            "interrupted": run.interrupted,
-            "dim": dim,
             "rounds": iterations,
             "messages": int(2 * chains * iterations * num_clients),
             "bits_communicated": int(bits),
@@ -437,26 +417,25 @@ class QLSD(Algorithm):
         if self.variance_reduction:
             info["reference_every"] = every
             info["memory_rate"] = rate
-        if run.seconds_per_draw is not None:
-            info["seconds_per_iteration"] = run.seconds_per_draw / thin
-        if start_draw:
-            info["start_draw"] = int(start_draw)
-        samples = unravel_numpy(flat_model, draws)
-        result = Result(samples=samples, info=info, sample_stats={}, algorithm=self.name)
+
+        def unravel(folded):
+            # the engine ran the chains as one state: (1, kept, chains * d) -> (chains, kept, d)
+            kept = folded.shape[1]
+            return unravel_numpy(flat_model, folded[0].reshape(kept, chains, dim).transpose(1, 0, 2))
+
+        result = assemble_result(run, algorithm=self.name, unravel=unravel, info=info, dim=dim,
+                                 thin=thin, start_draw=start_draw, sample_stats={})
         if run.diverged.any():
+            # the chains share one engine state, so they all stop at the first bad draw;
+            # name the ones whose final position is bad
             final = np.asarray(run.state.position)[0]  # (chains, d) at the end of the run
             bad = ~np.all(np.isfinite(final) & (np.abs(final) < self.divergence_threshold), axis=1)
             chains_bad = np.nonzero(bad)[0] if bad.any() else np.arange(chains)
             first = int(run.first_bad_draw[0])
-            details = [{"chain": int(c), "iteration": (first + 1) * thin} for c in chains_bad]
-            info["diverged_chains"] = [d["chain"] for d in details]
-            raise SamplingDivergedError(
-                f"{self.name}: {len(details)} chain(s) diverged (non-finite or |theta| > "
-                f"{self.divergence_threshold:g}) by iteration {(first + 1) * thin}: chains "
-                f"{info['diverged_chains']}. The draws made before are in error.result (all "
-                "chains stop at that draw); lower step_size",
-                result, info["diverged_chains"], details,
-            )
+            details = [{"chain": int(c), "draw": first, "iteration": (first + 1) * thin}
+                       for c in chains_bad]
+            raise diverged_error(self.name, result, details, _diverged_cause(
+                self, "lower step_size (all chains stop at that draw)"))
         return result
 
 
@@ -578,16 +557,9 @@ class ConsensusMC(Algorithm):
         divergences = np.asarray(final.divergences).sum(axis=0)
         acceptance = np.asarray(final.acceptance).sum(axis=0) / max(chains * transitions, 1)
         info = {
-            "algorithm": self.name,
             "weighting": self.weighting,
             "warmup_steps": warmup,
             "num_clients": num_clients,
-            "chains": chains,
-            "iterations": transitions,
-            "draws_kept": int(kept),
-            "wall_time": run.wall_time,
-            "interrupted": run.interrupted,
-            "dim": dim,
             "step_size_per_client": np.asarray(final.step_size).mean(axis=0).tolist(),
             "acceptance_per_client": acceptance.tolist(),
             "divergent_transitions_per_client": divergences.astype(int).tolist(),
@@ -597,18 +569,30 @@ class ConsensusMC(Algorithm):
             "floats_communicated": int(num_clients * dim + num_clients * chains * kept * dim),
         }
         info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
+        usable = kept
         if run.diverged.any():
             usable = int(max(0, min(run.first_bad_draw[run.diverged]) - discard))
+
+        def combine(draws):
+            # the server's combination of the clients' draws made before any divergence
+            per_client = draws.reshape(chains, draws.shape[1], num_clients, dim)[:, :usable]
+            combined, _ = consensus.combine(per_client, self.weighting)
+            return unravel_numpy(flat_model, combined.astype(flat_model.dtype))
+
+        needed = dim + 1 if self.weighting == "precision" else 2
+        if run.diverged.any():
             result = None
-            needed = dim + 1 if self.weighting == "precision" else 2
             if chains * usable >= needed:
-                combined, _ = consensus.combine(client_draws[:, :usable], self.weighting)
-                result = Result(samples=unravel_numpy(flat_model, combined), info=info,
-                                algorithm=self.name)
-            raise diverged_error(self.name, run, thin, result, info, self.divergence_threshold,
-                                 "a client's subposterior is improper or NUTS failed; check the "
-                                 "model on each client's data")
-        combined, _ = consensus.combine(client_draws, self.weighting)
-        samples = unravel_numpy(flat_model, combined.astype(flat_model.dtype))
-        info["client_samples"] = unravel_numpy(flat_model, client_draws)
-        return Result(samples=samples, info=info, sample_stats={}, algorithm=self.name)
+                result = assemble_result(run, algorithm=self.name, unravel=combine, info=info,
+                                         dim=dim, thin=thin, sample_stats={})
+            raise diverged_error(self.name, result, divergence_details(run, thin), _diverged_cause(
+                self, "a client's subposterior is improper or NUTS failed; check the model on "
+                "each client's data"))
+        result = assemble_result(run, algorithm=self.name, unravel=combine, info=info, dim=dim,
+                                 thin=thin, sample_stats={})
+        result.info["client_samples"] = unravel_numpy(flat_model, client_draws)
+        return result
+
+
+def _diverged_cause(algorithm, advice: str) -> str:
+    return (f"diverged (non-finite or |theta| > {algorithm.divergence_threshold:g}); {advice}")

@@ -17,7 +17,7 @@ In both cases the scale is ``n_s / min(m, n_s)``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,6 @@ import numpy as np
 
 from ..federation import ConcatenatedData
 from ..model import FlatModel
-from ..results import Result, SamplingDivergedError
 
 __all__ = [
     "ClientRows",
@@ -35,7 +34,6 @@ __all__ = [
     "GlobalMode",
     "global_mode",
     "unravel_numpy",
-    "diverged_error",
 ]
 
 
@@ -187,20 +185,3 @@ def unravel_numpy(flat_model: FlatModel, draws: np.ndarray):
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def diverged_error(name: str, run, thin: int, result: Result, info: Dict[str, Any],
-                   threshold: float, advice: str) -> SamplingDivergedError:
-    """The :class:`SamplingDivergedError` of a run with diverged chains (``run.diverged``),
-    keeping ``result`` (the draws made before)."""
-    details = [
-        {"chain": int(c), "iteration": int((run.first_bad_draw[c] + 1) * thin)}
-        for c in np.nonzero(run.diverged)[0]
-    ]
-    info["diverged_chains"] = [d["chain"] for d in details]
-    text = "; ".join(f"chain {d['chain']} by iteration {d['iteration']}" for d in details)
-    return SamplingDivergedError(
-        f"{name}: {len(details)} chain(s) diverged (non-finite or |theta| > {threshold:g}): "
-        f"{text}. The draws made before are in error.result; {advice}",
-        result,
-        info["diverged_chains"],
-        details,
-    )

@@ -36,12 +36,12 @@ import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 
-from ..algorithm import Algorithm, check_positive_float, check_positive_int
+from ..algorithm import Algorithm, check_optional, check_positive_float, check_positive_int
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import default_chunk_size, run_chains
 from ..diagnostics import bias_estimate
 from ..model import unravel_draws_numpy
-from ..results import Result, SamplingDivergedError
+from ..results import SamplingDivergedError, assemble_result, divergence_details, diverged_error
 from ..schedules import decaying_schedule
 from . import graphs as graph_module
 from . import kernels, tuning
@@ -155,12 +155,8 @@ class _Decentralised(Algorithm):
             raise ValueError(f"condition must be 'raise', 'warn' or 'ignore', got {condition!r}")
         self.condition = condition
         self.tolerance = check_positive_float(tolerance, "tolerance")
-        if spread_limit is not None:
-            spread_limit = check_positive_float(spread_limit, "spread_limit")
-        self.spread_limit = spread_limit
-        if decay_every is not None:
-            decay_every = check_positive_int(decay_every, "decay_every")
-        self.decay_every = decay_every
+        self.spread_limit = check_optional(check_positive_float, spread_limit, "spread_limit")
+        self.decay_every = check_optional(check_positive_int, decay_every, "decay_every")
         factor = check_positive_float(decay_factor, "decay_factor")
         if factor > 1:
             raise ValueError(f"decay_factor must be in (0, 1], got {decay_factor!r}")
@@ -281,7 +277,7 @@ class _Decentralised(Algorithm):
         )
         if engine == "ray":
             resolved = self._resolved(settings)
-            result = sample_decentralised(
+            result, run = sample_decentralised(
                 resolved, model, federation, init=init,
                 num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                 progress=progress, **options,
@@ -292,6 +288,9 @@ class _Decentralised(Algorithm):
             result.info["condition_1"] = problems
             result.info["spread_limit"] = (resolved.spread_limit_value
                                            if resolved.spread_limit_value is not None else "off")
+            if run.diverged.any():
+                raise self.stopped_error(result, run, thin, resolved.spread_limit_value,
+                                         problems)
             if "bias_estimate" in result.info:
                 _warn_if_biased(self.name, result.info["bias_estimate"], self.tolerance,
                                 self.step_size == AUTO)
@@ -395,18 +394,11 @@ class _Decentralised(Algorithm):
         floats_per_message = dim * (2 if self.tracking else 1)
         directed_edges = 2 * topo.num_edges
         info = {
-            "algorithm": self.name,
             "step_size": _describe_step(settings.step_size),
             "beta": beta,
             "batch_size": self.batch_size if self.batch_size is not None else "full",
             "decay_every": self.decay_every if self.decay_every is not None else 0,
             "decay_factor": self.decay_factor,
-            "chains": chains,
-            "iterations": iterations,
-            "draws_kept": int(kept),
-            "wall_time": run.wall_time,
-            "interrupted": run.interrupted,
-            "dim": dim,
             "mixing": "dense" if topo.use_dense() else "edge_list",
             "condition_1": problems,
             # one communication round per iteration: every agent sends its state (w_i, and
@@ -421,62 +413,51 @@ class _Decentralised(Algorithm):
         info.update(settings.info)
         info.update(_prediction_info(settings, self.tolerance))
         info.update(topo.describe())
-        if run.seconds_per_draw is not None:  # steady state, compilation excluded
-            info["seconds_per_iteration"] = run.seconds_per_draw / thin
         if gamma is not None:
             info["gamma"] = gamma
         if self.keep_agent_samples:
             info["agent_samples"] = unravel_draws_numpy(flat_model, agents)
         if start_draw:
-            info["start_draw"] = int(start_draw)
             if self.keep_agent_samples:
                 info["agent_samples_first_draw"] = int(max(start_draw, burn_in))
-        stats = {k: np.asarray(v) for k, v in run.stats.items()}
         if global_gradient is not None and not run.diverged.any():
             estimate = bias_estimate(average, global_gradient, settings.laplace_cov)
             if estimate is not None:
                 info["bias_estimate"] = estimate
                 _warn_if_biased(self.name, estimate, self.tolerance, self.step_size == AUTO)
-        result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
+        result = assemble_result(run, algorithm=self.name, info=info, dim=dim, thin=thin,
+                                 start_draw=start_draw, unravel=lambda draws: samples)
         if run.diverged.any():
-            details = []
-            for c in np.nonzero(run.diverged)[0]:
-                detail = {"chain": int(c), "iteration": int((run.first_bad_draw[c] + 1) * thin)}
-                at_bad = run.bad_stats.get("consensus_error")
-                if spread_limit is not None and at_bad is not None and (
-                        float(at_bad[c]) > spread_limit):
-                    detail["consensus_error"] = float(at_bad[c])
-                details.append(detail)
-            info["diverged_chains"] = [d["chain"] for d in details]
-            text = "; ".join(f"chain {d['chain']} by iteration {d['iteration']}" for d in details)
-            spread = [d for d in details if "consensus_error" in d]
-            if spread:
-                cause = (
-                    f"the agents' consensus error reached {spread[0]['consensus_error']:.3g}, "
-                    f"more than spread_limit={self.spread_limit:g} times its expected size "
-                    f"({spread_limit / self.spread_limit:.3g}: the larger of the posterior's total "
-                    "variance and the consensus error predicted for these settings): the agents "
-                    "no longer agree, so their average is not a posterior draw. Use 'auto' "
-                    "settings or a smaller step_size / beta"
-                    + (" / gamma" if self.tracking else "")
-                    + (f" (Condition 1: {'; '.join(problems)})" if problems else "")
-                    + "; spread_limit=None switches this check off"
-                )
-            else:
-                cause = (
-                    f"an agent's state became non-finite or exceeded "
-                    f"{self.divergence_threshold:g}; lower step_size or beta"
-                    + (" / gamma" if self.tracking else "")
-                    + (f" (Condition 1: {'; '.join(problems)})" if problems else "")
-                )
-            raise SamplingDivergedError(
-                f"{self.name}: {len(details)} chain(s) stopped: {text}: {cause}. The draws "
-                "made before are in error.result",
-                result,
-                info["diverged_chains"],
-                details,
-            )
+            raise self.stopped_error(result, run, thin, spread_limit, problems)
         return result
+
+    def stopped_error(self, result, run, thin: int, spread_limit: Optional[float],
+                      problems) -> SamplingDivergedError:
+        """The error of a run whose chains stopped (either engine): an agent's state became
+        non-finite or exploded, or, past the burn-in, the agents' consensus error went over
+        ``spread_limit`` (the spread check; the draw's ``consensus_error`` stat says which)."""
+        details = divergence_details(run, thin)
+        at_bad = run.bad_stats.get("consensus_error")
+        for detail in details:
+            c = detail["chain"]
+            if spread_limit is not None and at_bad is not None and float(at_bad[c]) > spread_limit:
+                detail["consensus_error"] = float(at_bad[c])
+        condition = f" (Condition 1: {'; '.join(problems)})" if problems else ""
+        spread = [d for d in details if "consensus_error" in d]
+        if spread:
+            cause = (
+                f"the agents' consensus error reached {spread[0]['consensus_error']:.3g}, "
+                f"more than spread_limit={self.spread_limit:g} times its expected size "
+                f"({spread_limit / self.spread_limit:.3g}: the larger of the posterior's total "
+                "variance and the consensus error predicted for these settings): the agents "
+                "no longer agree, so their average is not a posterior draw. Use 'auto' "
+                "settings or a smaller step_size / beta" + (" / gamma" if self.tracking else "")
+                + condition + "; spread_limit=None switches this check off")
+        else:
+            cause = (f"an agent's state became non-finite or exceeded "
+                     f"{self.divergence_threshold:g}; lower step_size or beta"
+                     + (" / gamma" if self.tracking else "") + condition)
+        return diverged_error(self.name, result, details, cause)
 
 
 def _describe_step(step_size):

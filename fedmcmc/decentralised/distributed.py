@@ -37,30 +37,37 @@ Not here (yet): client failures other than stopping with an error.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..diagnostics import bias_estimate
-from ..engines.comm import ClientFailure, ClientFailureError, describe_federation, with_fault_injection
+from ..engines.comm import ClientFailureError, describe_federation, with_fault_injection
 from ..engines.comm import gather as comm_gather
+from ..engines.driver import ChainRun, drive
 from ..engines.local import iteration_key
 from ..engines.neighbour import NeighbourClient
 from ..engines.options import check_engine_options
 from ..minibatch import likelihood_gradient, take_minibatch
 from ..model import unravel_draws_numpy
-from ..progress import progress_bar
 from ..protocols import ClientContext
-from ..results import Result, SamplingDivergedError
+from ..results import assemble_result
 from ..schedules import decaying_schedule
 from . import kernels
 from ..engines.ray_engine import RayTransport, ray_session
 from ..engines.ray_security import session_authentication
 
-__all__ = ["AgentFunctions", "run_neighbour", "sample_decentralised"]
+__all__ = ["AgentFunctions", "NeighbourRun", "run_neighbour", "sample_decentralised"]
+
+
+class NeighbourRun(NamedTuple):
+    """What :func:`run_neighbour` returns: the result, and the driver's run (the family
+    builds the error of stopped chains from it, as on the in-process engine)."""
+
+    result: Any  # fedmcmc.results.Result
+    run: ChainRun
 
 
 class _Agent:
@@ -208,7 +215,8 @@ class AgentFunctions:
 def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
                          chains, seed, progress=None, **options):
     """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``): :func:`run_neighbour`
-    on a :class:`~fedmcmc.engines.ray_engine.RayTransport` inside the authenticated session."""
+    on a :class:`~fedmcmc.engines.ray_engine.RayTransport` inside the authenticated session;
+    returns its :class:`NeighbourRun`."""
     options = check_engine_options(options, algorithm.name)
 
     def make_transport(specs):
@@ -218,11 +226,11 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
     with ray_session(options.get("ray_address"), options.get("ray_init_options"),
                      options.get("allow_unauthenticated_cluster", False)):
         authentication = session_authentication()  # for info (ray_security.py)
-        result = run_neighbour(algorithm, model, federation, make_transport, "ray", options,
+        neighbour_run = run_neighbour(algorithm, model, federation, make_transport, "ray", options,
                                init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
                                chains=chains, seed=seed, progress=progress)
-    result.info.update(authentication)
-    return result
+    neighbour_run.result.info.update(authentication)
+    return neighbour_run
 
 
 def run_neighbour(algorithm, model, federation, make_transport, engine_label: str,
@@ -275,27 +283,17 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
             transport.close()
             raise
     timeout = options.get("visit_timeout")
-    draws = np.full((chains, total, dim), np.nan, np.float32)
     agents = np.full((chains, total, n, dim), np.nan, np.float32)
-    consensus = np.full((chains, total), np.nan, np.float32)
     gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
     global_gradient = np.full((chains, total, dim), np.nan) if track else None
     # the spread check of fm.DULA/GTDULA (a consensus error past spread_limit x the Laplace
-    # total variance after burn-in stops the run); None when off
+    # total variance after burn-in stops the run, as on engine="local"); None when off
     spread_limit = getattr(algorithm, "spread_limit_value", None)
-    spread_stop = None  # (draw, consensus errors of the chains) when the check trips
-    done = 0
-    started = time.perf_counter()
-
-    bar = progress_bar(progress, f"{algorithm.name} ({engine_label})", total)
-    last_update = started
 
     def gather(pendings):
-        """The replies of ``pendings`` in order (each read and counted once)."""
-        try:
-            return comm_gather(transport, pendings, timeout)
-        except ClientFailure as failure:
-            raise _failure(failure.client, failure.reason) from None
+        """The replies of ``pendings`` in order (each read and counted once); a failure
+        reaches the driver as ClientFailure."""
+        return comm_gather(transport, pendings, timeout)
 
     def record_gradient_terms(index, replies):
         # replies[i] = (d_i, grad E_i(w_bar)) of agent i, each (chains, dim)
@@ -306,116 +304,80 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
         # sum_i grad E_i(w_bar): the network average's bias estimate (info["bias_estimate"])
         global_gradient[:, index] = n * u_bar
 
-    pending = None  # (draw index, refs) of the gradient terms not read yet
-    try:
-        refs = [transport.relay(i, "message") for i in range(n)]
-        k = 0
-        while done < total:
-            for _ in range(thin):
-                refs = [transport.relay(i, "step", k, *[refs[j] for j in neighbours[i]])
-                        for i in range(n)]
-                k += 1
-            if pending is None:
-                messages = gather(refs)
-            else:
-                replies = gather(refs + pending[1])
-                messages = replies[:n]
-                record_gradient_terms(pending[0], replies[n:])
-                pending = None
-            w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
-            w_bar = w.mean(axis=1)
-            agents[:, done] = w
-            draws[:, done] = w_bar
-            consensus[:, done] = np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n
-            finite = np.all(np.isfinite(w), axis=(1, 2))
-            if not finite.all() or (spread_limit is not None and done >= burn_in
-                                    and np.any(consensus[:, done] > spread_limit)):
-                spread_stop = (done, consensus[:, done].copy())
-                draws[:, done] = np.nan
-                done += 1
-                break
-            if track and done >= burn_in:
-                # queued after this draw's iteration and before the next one's: read with
-                # the next gather
-                pending = (done, [transport.call(i, "setup", "gradient_terms", w_bar)
-                                  for i in range(n)])
-            done += 1
-            now = time.perf_counter()
-            if bar is not None and (now - last_update > 0.5 or done == total):
-                bar[0].update(bar[1], completed=done,
-                              rate=f"{done * thin / max(now - started, 1e-9):,.1f} it/s")
-                last_update = now
-        if pending is not None:
-            record_gradient_terms(pending[0], gather(pending[1]))
-            pending = None
-    except ClientFailureError as error:
-        error.result = _result(algorithm, flat_model, draws, agents, consensus,
-                               gradient_error, done, burn_in, thin, chains, topo, neighbours,
-                               floats_per_message, started, transport, engine_label)
-        raise
-    finally:
-        if bar is not None:
-            bar[0].stop()
-        transport.close()
-    result = _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done,
-                     burn_in, thin, chains, topo, neighbours, floats_per_message, started,
-                     transport, engine_label)
-    if spread_stop is not None:
-        draw, errors = spread_stop
-        bad = ~np.isfinite(errors)
-        if spread_limit is not None:
-            bad |= errors > spread_limit
-        stopped = [int(c) for c in np.nonzero(bad)[0]]
-        details = [{"chain": c, "iteration": int((draw + 1) * thin),
-                    "consensus_error": float(errors[c])} for c in stopped]
-        result.info["diverged_chains"] = stopped
-        if np.all(np.isfinite(errors[stopped])):
-            cause = (f"the agents' consensus error reached {np.max(errors[stopped]):.3g}, more "
-                     f"than spread_limit={algorithm.spread_limit:g} times the posterior's total "
-                     "variance (Laplace): the agents no longer agree, so their average is not a "
-                     "posterior draw. Use 'auto' settings or a smaller step_size / beta; "
-                     "spread_limit=None switches this check off")
+    exchange = {"refs": None, "pending": None}  # last messages; gradient terms not read yet
+
+    def one_draw(index: int):
+        """``thin`` iterations of every agent, then the draw: the network average."""
+        refs = exchange["refs"]
+        for j in range(thin):
+            k = index * thin + j
+            refs = [transport.relay(i, "step", k, *[refs[a] for a in neighbours[i]])
+                    for i in range(n)]
+        exchange["refs"] = refs
+        pending = exchange["pending"]
+        if pending is None:
+            messages = gather(refs)
         else:
-            cause = "an agent's state became non-finite; lower step_size or beta"
-        raise SamplingDivergedError(
-            f"{algorithm.name} ({engine_label}): {len(stopped)} chain(s) stopped by iteration "
-            f"{(draw + 1) * thin}: {cause}. The draws made before are in error.result",
-            result, stopped, details)
-    if global_gradient is not None and done > burn_in:
-        estimate = bias_estimate(draws[:, burn_in:done].astype(np.float64),
+            replies = gather(refs + pending[1])
+            messages = replies[:n]
+            record_gradient_terms(pending[0], replies[n:])
+            exchange["pending"] = None
+        w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
+        w_bar = w.mean(axis=1)
+        agents[:, index] = w
+        consensus = (np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n).astype(np.float32)
+        draw = w_bar.copy()
+        if spread_limit is not None and index >= burn_in:
+            draw[consensus > spread_limit] = np.nan  # the spread check stops these chains
+        if track and index >= burn_in and np.all(np.isfinite(draw)):
+            # queued after this draw's iterations and before the next one's: read with
+            # the next gather
+            exchange["pending"] = (index, [transport.call(i, "setup", "gradient_terms", w_bar)
+                                           for i in range(n)])
+        return draw, consensus
+
+    def advance(states, first_draw, count):
+        rows = [one_draw(index) for index in range(first_draw, first_draw + count)]
+        return states, np.stack([r[0] for r in rows]), {
+            "consensus_error": np.stack([r[1] for r in rows])}
+
+    try:
+        exchange["refs"] = [transport.relay(i, "message") for i in range(n)]
+        run = drive(advance, None, chains=chains, draw_dim=dim, burn_in=burn_in,
+                    num_samples=num_samples, draws_per_call=1,
+                    divergence_threshold=algorithm.divergence_threshold, progress=progress,
+                    label=f"{algorithm.name} ({engine_label})", iterations_per_draw=thin)
+        if exchange["pending"] is not None and run.failure is None:
+            record_gradient_terms(exchange["pending"][0], gather(exchange["pending"][1]))
+    finally:
+        transport.close()
+    result = _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin,
+                     topo, neighbours, floats_per_message, transport, engine_label)
+    if run.failure is not None:
+        raise ClientFailureError(
+            f"an agent failed ({run.failure.reason}); the run stopped. Draws made so far are in "
+            "error.result", result, run.failure.client, run.failure.reason)
+    done = run.draws_done
+    if global_gradient is not None and done > burn_in and not run.diverged.any():
+        estimate = bias_estimate(np.asarray(run.draws, np.float64),
                                  global_gradient[:, burn_in:done],
                                  getattr(algorithm, "laplace_cov", None))
         if estimate is not None:
             result.info["bias_estimate"] = estimate
-    return result
+    return NeighbourRun(result, run)
 
 
-def _failure(client: Optional[int], reason: str) -> ClientFailureError:
-    return ClientFailureError(
-        f"an agent failed ({reason}); the run stopped. Draws made so far are in error.result",
-        None, -1 if client is None else client, reason,
-    )
-
-
-def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, done, burn_in,
-            thin, chains, topo, neighbours, floats_per_message, started, transport,
-            engine_label):
-    iterations = done * thin
+def _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin, topo,
+            neighbours, floats_per_message, transport, engine_label):
+    iterations = run.draws_done * thin
     directed = sum(len(nb) for nb in neighbours)
     between = iterations * directed
     # the driver's messages: the gathers of the kept draws (every agent's w_i[, d_i] every thin
     # iterations) and, with gradient_error, w_bar to every agent and (d_i, grad E_i(w_bar)) back
     counts, nbytes, floats = transport.counts, transport.bytes, transport.floats
     info = {
-        "algorithm": algorithm.name,
         "engine": engine_label,
         "beta": algorithm.beta,
-        "chains": chains,
-        "iterations": iterations,
-        "draws_kept": int(max(0, done - burn_in)),
-        "wall_time": time.perf_counter() - started,
-        "interrupted": False,
-        "dim": flat_model.dim,
         "rounds": iterations,
         # one message per directed edge and iteration (all chains' w_j[, d_j]), actor to actor
         "messages_between_agents": int(between),
@@ -437,11 +399,12 @@ def _result(algorithm, flat_model, draws, agents, consensus, gradient_error, don
     gamma = algorithm._gamma()
     if gamma is not None:
         info["gamma"] = gamma
-    kept = slice(burn_in, None)
+    kept = slice(burn_in, run.draws_done)
     if algorithm.keep_agent_samples:
         info["agent_samples"] = unravel_draws_numpy(flat_model, agents[:, kept])
-    samples = unravel_draws_numpy(flat_model, draws[:, kept])
-    stats = {"consensus_error": consensus[:, kept]}
+    stats = dict(run.stats)
     if gradient_error is not None:
         stats["gradient_error"] = gradient_error[:, kept]
-    return Result(samples=samples, info=info, sample_stats=stats, algorithm=algorithm.name)
+    return assemble_result(run, algorithm=algorithm.name, info=info, dim=flat_model.dim,
+                           thin=thin, sample_stats=stats,
+                           unravel=lambda draws: unravel_draws_numpy(flat_model, draws))

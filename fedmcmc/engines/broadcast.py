@@ -13,8 +13,10 @@ module holds the pattern's pieces and knows no family:
   on), composed from the family's server-side pieces (for Fed-PDMC,
   ``fedmcmc.pdmp.federated.FedProtocol``: the event keys and cap sent to the workers,
   the application of the earliest proposal, the end of a draw);
-* :func:`run_remote_chains`, the Python driver (divergence, progress, chunk
-  callbacks, Ctrl-C) of a run whose draw step sends messages.
+
+and a run is :func:`fedmcmc.engines.driver.drive` over
+:func:`~fedmcmc.engines.driver.draw_by_draw` of the ``BroadcastDraw`` (one draw per call,
+so a diverged chain stops the run at once).
 
 ``fedmcmc.pdmp.distributed`` composes them into Fed-PDMC's distributed run. Random
 streams: event iteration ``i`` of draw ``k`` of chain ``c`` uses
@@ -30,20 +32,16 @@ workers' data (``info`` records it).
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..progress import progress_bar
 from ..protocols import client_context, client_function
 from .comm import ClientEndpoint, ClientFailure, Transport, collect
-from .local import ChainRun, default_chunk_size
 
-__all__ = ["BroadcastClient", "BroadcastDraw", "run_remote_chains"]
+__all__ = ["BroadcastClient", "BroadcastDraw"]
 
 
 # ----------------------------------------------------------------------------- client side
@@ -177,88 +175,3 @@ class BroadcastDraw:
         fields = len(rows[0])
         return tuple(jnp.asarray(np.stack([row[k] for row in rows], axis=1))
                      for k in range(fields))
-
-
-def run_remote_chains(draw_all, initial_states, key, *, burn_in: int, num_samples: int,
-                      position: Callable, divergence_threshold: float = 1e10,
-                      progress: Optional[bool] = None, label: str = "sampling",
-                      chunk_size: Optional[int] = None, on_chunk=None, on_draws=None):
-    """The Python driver of a distributed run: ``draw_all(draw_keys, states)`` advances
-    every chain by one draw (keys as :func:`fedmcmc.engines.local.run_chains` derives
-    them); returns ``(ChainRun, failure)`` where ``failure`` is the
-    :class:`ClientFailure` that stopped the run, if any. Draws are checked for divergence
-    after every draw; the progress bar, Ctrl-C and the chunk callbacks behave as in the
-    in-process engine."""
-    total = burn_in + num_samples
-    chunk_size = chunk_size or default_chunk_size(total)
-    chains = jax.tree_util.tree_leaves(initial_states)[0].shape[0]
-    if progress is None:
-        progress = sys.stderr.isatty()
-    states = initial_states
-    draws_list, stats_list = [], []
-    diverged = np.zeros(chains, bool)
-    first_bad = np.full(chains, -1, np.int64)
-    bad_stats: Dict[str, np.ndarray] = {}
-    interrupted = False
-    failure = None
-    done = 0
-    unreported = 0  # kept draws not yet passed to on_draws
-    bar = progress_bar(progress, label, total)
-    started = time.perf_counter()
-    last_update = started
-    try:
-        while done < total:
-            keys = jax.random.split(jax.random.fold_in(key, done), chains)
-            try:
-                states, draws, stats = draw_all(keys, states)
-            except ClientFailure as error:
-                failure = error
-                break
-            draws = np.array(draws)
-            stats = {k: np.asarray(v) for k, v in stats.items()}
-            finite = np.all(np.isfinite(draws), axis=-1) & np.all(
-                np.abs(draws) < divergence_threshold, axis=-1)
-            if done >= burn_in:
-                draws_list.append(draws)
-                stats_list.append(stats)
-                unreported += 1
-            if not finite.all():
-                for chain in np.nonzero(~finite)[0]:
-                    diverged[chain] = True
-                    first_bad[chain] = done
-                    for k, v in stats.items():
-                        bad_stats.setdefault(k, np.full(chains, -1, dtype=v.dtype))
-                        bad_stats[k][chain] = v[chain]
-                done += 1
-                break
-            done += 1
-            if done % chunk_size == 0 or done == total:
-                if on_draws is not None and unreported:
-                    on_draws(np.stack(draws_list[-unreported:], axis=1),
-                             {k: np.stack([s[k] for s in stats_list[-unreported:]], axis=1)
-                              for k in stats_list[-1]},
-                             done - unreported)
-                    unreported = 0
-                if on_chunk is not None:
-                    on_chunk(states, done)
-            now = time.perf_counter()
-            if bar is not None and (now - last_update > 0.5 or done == total):
-                rate = done * chains / max(now - started, 1e-9)
-                bar[0].update(bar[1], completed=done, rate=f"{rate:,.1f} chain-draws/s")
-                last_update = now
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        if bar is not None:
-            bar[0].stop()
-    dim = int(np.shape(position(jax.tree_util.tree_map(lambda a: a[0], states)))[0])
-    if draws_list:
-        all_draws = np.stack(draws_list, axis=1)
-        all_stats = {k: np.stack([s[k] for s in stats_list], axis=1) for k in stats_list[0]}
-    else:
-        all_draws = np.zeros((chains, 0, 2 * dim))
-        all_stats = {}
-    run = ChainRun(state=states, draws=all_draws, stats=all_stats, diverged=diverged,
-                   first_bad_draw=first_bad, bad_stats=bad_stats, draws_done=done,
-                   interrupted=interrupted, wall_time=time.perf_counter() - started)
-    return run, failure

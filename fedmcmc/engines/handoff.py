@@ -9,7 +9,7 @@ compiled *visit*: ``local_steps`` of the protocol's updates of the chain's carry
 one-client data layout, so the algorithm is not written twice). A visit returns
 the carry and the draws taken during the visit -- parameter-sized messages only.
 
-Server side (:func:`run_handoff`): draws the next client of each chain with
+Server side (:class:`HandoffServer`, run by :func:`~fedmcmc.engines.driver.drive`): draws the next client of each chain with
 probability f_s, keeps several chains in flight at once (``transport.wait``),
 collects the draw segments, checks divergence, and handles client failures
 (per-visit timeout, dead actor): ``on_client_failure="stop"`` raises
@@ -32,25 +32,25 @@ rounding of the data layout), which the tests check.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..federation import Federation, describe_client
-from ..progress import progress_bar
 from ..protocols import HandoffProtocol, ServerSide, client_context, client_function, draw_client
-from ..results import Result, SamplingDivergedError
+from ..results import assemble_result, divergence_details, diverged_error
 from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
                    Transport, call_all, describe_federation, gather_before_sampling,
                    with_fault_injection)
+from .driver import PartialDraws, check_draws, drive
 from .local import iteration_key
 from .options import check_engine_options
 from .ray_engine import RayTransport, ray_session
 from .ray_security import record_ray_authentication
 
-__all__ = ["HandoffClient", "run_handoff", "HandoffRun", "sample_handoff", "sample_protocol",
+__all__ = ["HandoffClient", "HandoffServer", "sample_handoff", "sample_protocol",
            "sample_on_ray"]
 
 
@@ -140,236 +140,211 @@ class HandoffClient(ClientEndpoint):
 # ----------------------------------------------------------------------------- server side
 
 
-class HandoffRun(NamedTuple):
-    draws: np.ndarray  # (chains, total, d), NaN where not made
-    clients: np.ndarray  # (chains, total) client of each draw, -1 where not made
-    rounds_at_draw: np.ndarray  # (chains, total)
-    draws_done: np.ndarray  # (chains,) draws received per chain
-    positions: np.ndarray  # (chains, d)
-    iterations: np.ndarray  # (chains,)
-    rounds: np.ndarray  # (chains,)
-    visits: np.ndarray  # (chains, S)
-    diverged: np.ndarray  # (chains,) bool
-    first_bad_draw: np.ndarray  # (chains,)
-    failures: list  # [{client, reason, iteration}]
-    weights: np.ndarray  # final f_s (0 for dropped clients)
-    wall_time: float
-    visit_seconds: list  # wall time of each completed visit round trip
+class HandoffServer:
+    """The server of a hand-off run: it hands every chain from client to client and
+    gives :func:`~fedmcmc.engines.driver.drive` its ``advance``.
 
+    Chains travel independently: the server keeps one visit of every unfinished chain in
+    flight (``transport.wait`` on all of them), so a chain does not wait for the others
+    except at the end of a driver chunk, when ``advance`` returns the chunk's draws of
+    every chain; chains that are ahead keep their extra draws for the next call. The next
+    client of a chain is drawn with probability f_s (``weights``) from the key of the
+    visit's first iteration.
 
-def run_handoff(
-    transport: Transport,
-    *,
-    weights: np.ndarray,
-    initial_carry: tuple,
-    position_of: Callable[[tuple], Any],
-    chains: int,
-    thin: int,
-    local_steps: int,
-    total_draws: int,
-    seed: int,
-    visit_timeout: Optional[float] = None,
-    on_client_failure: str = "stop",
-    divergence_threshold: float = 1e10,
-    reconfigure: Optional[Callable[[np.ndarray], None]] = None,
-    make_result: Optional[Callable[["HandoffRun"], Any]] = None,
-    progress: Optional[bool] = None,
-    label: str = "sampling",
-) -> HandoffRun:
-    """Run every chain to ``total_draws`` draws by handing it from client to client.
-
-    ``reconfigure(weights)`` is called after a client is dropped, with the
-    renormalised f_s (0 for dropped clients); it must send the clients their
-    new configuration. ``make_result(run)`` builds the partial ``Result``
-    carried by :class:`ClientFailureError`. ``progress``: a progress bar of the
-    draws received over all chains (default: when stderr is a terminal).
+    Client failures (a raised error, a dead actor, no reply within ``visit_timeout``):
+    ``on_client_failure="stop"`` raises :class:`~fedmcmc.engines.comm.ClientFailure` with the
+    draws received in the failed call attached (``failure.partial``, a
+    :class:`~fedmcmc.engines.driver.PartialDraws`); ``"drop"`` renormalises f_s over the
+    remaining clients, calls ``reconfigure(weights)`` (the protocol's client parameters
+    recomputed over them) and sends the chains that were on the failed client elsewhere.
     """
-    bar = progress_bar(progress, label, chains * total_draws)
-    try:
-        return _run_handoff(
-            transport, weights, initial_carry, position_of, chains, thin, local_steps,
-            total_draws, seed,
-            visit_timeout, on_client_failure, divergence_threshold, reconfigure, make_result, bar)
-    finally:
-        if bar is not None:
-            bar[0].stop()
 
+    def __init__(self, transport: Transport, *, weights: np.ndarray, initial_carry: tuple,
+                 position_of: Callable[[tuple], Any], chains: int, thin: int,
+                 local_steps: int, total_draws: int, seed: int,
+                 visit_timeout: Optional[float] = None, on_client_failure: str = "stop",
+                 divergence_threshold: float = 1e10,
+                 reconfigure: Optional[Callable[[np.ndarray], None]] = None):
+        self.transport = transport
+        self.divergence_threshold = float(divergence_threshold)
+        self.position_of = position_of
+        self.chains, self.thin, self.local_steps = int(chains), int(thin), int(local_steps)
+        self.total_draws = int(total_draws)
+        self.visit_timeout = visit_timeout
+        self.on_client_failure = on_client_failure
+        self.reconfigure = reconfigure
+        initial_carry = tuple(np.asarray(leaf) for leaf in initial_carry)
+        self.dim = dim = int(np.shape(position_of(initial_carry))[0])
+        root = jax.random.key(seed)
 
-def _run_handoff(transport, weights, initial_carry, position_of, chains, thin, local_steps,
-                 total_draws, seed,
-                 visit_timeout, on_client_failure, divergence_threshold, reconfigure, make_result,
-                 bar) -> HandoffRun:
-    started = time.perf_counter()
-    num_clients = len(weights)
-    initial_carry = tuple(np.asarray(leaf) for leaf in initial_carry)
-    dim = int(np.shape(position_of(initial_carry))[0])
-    root = jax.random.key(seed)
-    original_weights = np.asarray(weights, np.float64)
-    current_weights = original_weights.copy()
+        @jax.jit
+        def next_client(chain, t, cumulative):
+            key_client = jax.random.split(iteration_key(root, chains, thin, chain, t), 3)[0]
+            return draw_client(key_client, cumulative)
 
-    @jax.jit
-    def next_client(chain, t, cumulative):
-        key_client = jax.random.split(iteration_key(root, chains, thin, chain, t), 3)[0]
-        return draw_client(key_client, cumulative)
+        self._next_client = next_client
+        self.original_weights = np.asarray(weights, np.float64)
+        self.weights = self.original_weights.copy()
+        self._cumulative = self._cumulative_of(self.weights)
+        num_clients = len(self.weights)
+        # every draw of every chain as it arrives (NaN where not made yet)
+        self.draws = np.full((chains, total_draws, dim), np.nan, np.float32)
+        self.draw_clients = np.full((chains, total_draws), -1, np.int32)
+        self.draw_rounds = np.full((chains, total_draws), -1, np.int32)
+        self.done = np.zeros(chains, np.int64)  # draws received per chain
+        self.carries = [initial_carry] * chains
+        self.iterations = np.zeros(chains, np.int64)
+        self.rounds = np.zeros(chains, np.int64)
+        self.visits = np.zeros((chains, num_clients), np.int64)
+        self.diverged = np.zeros(chains, bool)
+        self.failures: List[dict] = []
+        self.alive = set(range(num_clients))
+        self.inflight: Dict[int, Any] = {}
+        self.visit_seconds: List[float] = []
 
-    def cumulative_of(w):
-        return jnp.cumsum(jnp.asarray(w, jnp.float32))
+    @staticmethod
+    def _cumulative_of(weights):
+        return jnp.cumsum(jnp.asarray(weights, jnp.float32))
 
-    cumulative = cumulative_of(current_weights)
-    draws = np.full((chains, total_draws, dim), np.nan, np.float32)
-    draw_clients = np.full((chains, total_draws), -1, np.int32)
-    draw_rounds = np.full((chains, total_draws), -1, np.int32)
-    done = np.zeros(chains, np.int64)
-    carries = [initial_carry] * chains
-    positions = np.broadcast_to(np.asarray(position_of(initial_carry), np.float32),
-                                (chains, dim)).copy()
-    iterations = np.zeros(chains, np.int64)
-    rounds = np.zeros(chains, np.int64)
-    visits = np.zeros((chains, num_clients), np.int64)
-    diverged = np.zeros(chains, bool)
-    first_bad = np.full(chains, -1, np.int64)
-    failures: List[dict] = []
-    alive = set(range(num_clients))
-    inflight: Dict[int, Any] = {}
-    visit_seconds: List[float] = []
+    # -- one chain
 
-    def snapshot() -> HandoffRun:
-        return HandoffRun(
-            draws, draw_clients, draw_rounds, done.copy(), positions.copy(), iterations.copy(),
-            rounds.copy(), visits.copy(), diverged.copy(), first_bad.copy(), list(failures),
-            current_weights.copy(), time.perf_counter() - started, visit_seconds,
-        )
+    def _submit(self, chain: int) -> None:
+        client = int(self._next_client(np.int32(chain), np.int32(self.iterations[chain]),
+                                       self._cumulative))
+        self.rounds[chain] += 1
+        self.visits[chain, client] += 1
+        self.inflight[chain] = self.transport.call(
+            client, "visit", chain, self.carries[chain], int(self.iterations[chain]), tag=chain)
 
-    def submit(chain: int) -> None:
-        client = int(next_client(np.int32(chain), np.int32(iterations[chain]), cumulative))
-        rounds[chain] += 1
-        visits[chain, client] += 1
-        inflight[chain] = transport.call(
-            client, "visit", chain, carries[chain], int(iterations[chain]), tag=chain
-        )
-
-    def accept(pending, reply) -> None:
+    def _accept(self, pending, reply) -> None:
+        """Store a visit's draws; a non-finite or exploding one marks the chain diverged
+        (its later draws stay NaN: the driver's check finds it and stops the run)."""
         chain = pending.tag
-        visit_seconds.append(time.perf_counter() - pending.sent_at)
+        self.visit_seconds.append(time.perf_counter() - pending.sent_at)
         carry, segment, first = reply
-        segment = np.asarray(segment, np.float32).reshape(-1, dim)
+        segment = np.asarray(segment, np.float32).reshape(-1, self.dim)
         if first >= 0 and len(segment):
-            stop = min(first + len(segment), total_draws)
+            stop = min(first + len(segment), self.total_draws)
             take = segment[: max(0, stop - first)]
             if len(take):
-                ok = np.all(np.isfinite(take), axis=1) & np.all(
-                    np.abs(take) < divergence_threshold, axis=1
-                )
+                rows = slice(first, first + len(take))
+                self.draw_clients[chain, rows] = pending.client
+                self.draw_rounds[chain, rows] = self.rounds[chain]
+                ok = check_draws(take, self.divergence_threshold)
                 if not ok.all():
-                    bad = int(np.argmax(~ok))
-                    diverged[chain] = True
-                    first_bad[chain] = first + bad
-                    take = take[:bad]
-                draws[chain, first: first + len(take)] = take
-                draw_clients[chain, first: first + len(take)] = pending.client
-                draw_rounds[chain, first: first + len(take)] = rounds[chain]
-                done[chain] = first + len(take)
-        carries[chain] = tuple(np.asarray(leaf) for leaf in carry)
-        positions[chain] = np.asarray(position_of(carries[chain]), np.float32)
-        iterations[chain] += local_steps
+                    self.diverged[chain] = True
+                    take = take[: int(np.argmax(~ok)) + 1]  # up to the bad draw, kept as made
+                self.draws[chain, first: first + len(take)] = take
+                self.done[chain] = first + len(take)
+        self.carries[chain] = tuple(np.asarray(leaf) for leaf in carry)
+        self.iterations[chain] += self.local_steps
 
-    def revert(chain: int, client: int) -> None:
-        rounds[chain] -= 1
-        visits[chain, client] -= 1
+    def _revert(self, chain: int, client: int) -> None:
+        self.rounds[chain] -= 1
+        self.visits[chain, client] -= 1
 
-    def fail(client: int, reason: str) -> None:
-        nonlocal cumulative
-        failures.append(
-            {"client": int(client), "reason": reason,
-             "iteration": int(iterations.max()), "draws_done": int(done.min()),
-             # per chain: iterations completed when the failure was handled (every draw
-             # before iteration // thin was made under the original target)
-             "chain_iterations": iterations.tolist()}
-        )
-        alive.discard(client)
-        transport.kill(client)
-        hit = [c for c, p in inflight.items() if p.client == client]
-        for chain in hit:
-            revert(chain, client)
-            del inflight[chain]
-        if on_client_failure == "stop" or not alive:
-            # keep what the other clients are computing right now
-            if inflight:
-                ready, _ = transport.wait(list(inflight.values()), timeout=visit_timeout or 30.0)
-                for pending in ready:
-                    try:
-                        accept(pending, transport.result(pending))
-                    except ClientFailure:
-                        revert(pending.tag, pending.client)
-                    del inflight[pending.tag]
-                for chain, pending in list(inflight.items()):
-                    revert(chain, pending.client)
-                inflight.clear()
-            run = snapshot()
-            result = make_result(run) if make_result else None
-            why = "no client left" if not alive else 'on_client_failure="stop"'
-            raise ClientFailureError(
-                f"client {client} failed ({reason}); the run stopped ({why}). "
-                f"Draws received so far are in error.result (per chain: {done.tolist()} "
-                f"of {total_draws}); on_client_failure='drop' continues without the client",
-                result, client, reason,
-            )
-        current_weights[:] = 0.0
-        kept = sorted(alive)
-        current_weights[kept] = original_weights[kept] / original_weights[kept].sum()
-        cumulative = cumulative_of(current_weights)
-        if reconfigure is not None:
-            reconfigure(current_weights.copy())
-        for chain in hit:
-            submit(chain)
+    def _wants_visit(self, chain: int) -> bool:
+        return not self.diverged[chain] and self.done[chain] < self.total_draws
 
-    for chain in range(chains):
-        if done[chain] < total_draws:
-            submit(chain)
-    last_update = started
-    while inflight:
-        now = time.perf_counter()
-        if bar is not None and now - last_update > 0.5:
-            received = int(done.sum())
-            bar[0].update(bar[1], completed=received,
-                          rate=f"{received / max(now - started, 1e-9):,.1f} draws/s, "
-                               f"{int(rounds.sum())} visits")
-            last_update = now
+    # -- the driver's advance
+
+    def advance(self, states, first_draw: int, count: int):
+        """Draws ``first_draw .. first_draw + count - 1`` of every chain (the driver's
+        ``advance``; ``states`` is not used: the chains' carries stay here)."""
+        target = first_draw + count
+        for chain in range(self.chains):
+            if chain not in self.inflight and self._wants_visit(chain):
+                self._submit(chain)
+        while any(not self.diverged[c] and self.done[c] < target for c in range(self.chains)):
+            self._receive(first_draw)
+        return states, self._rows(first_draw, target), self._row_stats(first_draw, target)
+
+    def _rows(self, first: int, stop: int) -> np.ndarray:
+        return self.draws[:, first:stop].transpose(1, 0, 2)
+
+    def _row_stats(self, first: int, stop: int) -> Dict[str, np.ndarray]:
+        return {"client": self.draw_clients[:, first:stop].T,
+                "round": self.draw_rounds[:, first:stop].T}
+
+    def _receive(self, first_draw: int) -> None:
+        """Wait for the next visits to come back, accept them and send their chains on."""
         timeout = None
-        if visit_timeout is not None:
-            oldest = min(p.sent_at for p in inflight.values())
-            timeout = max(0.0, oldest + visit_timeout - time.perf_counter())
-        ready, _ = transport.wait(list(inflight.values()), timeout=timeout)
+        if self.visit_timeout is not None:
+            oldest = min(p.sent_at for p in self.inflight.values())
+            timeout = max(0.0, oldest + self.visit_timeout - time.perf_counter())
+        ready, _ = self.transport.wait(list(self.inflight.values()), timeout=timeout)
         failed_now = []
         for pending in ready:
-            if inflight.get(pending.tag) is not pending:
+            if self.inflight.get(pending.tag) is not pending:
                 continue
             try:
-                reply = transport.result(pending)
+                reply = self.transport.result(pending)
             except ClientFailure as failure:
                 failed_now.append((failure.client, failure.reason))
                 continue
-            del inflight[pending.tag]
-            accept(pending, reply)
-            chain = pending.tag
-            if not diverged[chain] and done[chain] < total_draws:
-                submit(chain)
-        if visit_timeout is not None:
+            del self.inflight[pending.tag]
+            self._accept(pending, reply)
+            if self._wants_visit(pending.tag):
+                self._submit(pending.tag)
+        if self.visit_timeout is not None:
             now = time.perf_counter()
-            for pending in list(inflight.values()):
-                if now - pending.sent_at > visit_timeout and pending.client in alive:
+            for pending in list(self.inflight.values()):
+                if now - pending.sent_at > self.visit_timeout and pending.client in self.alive:
                     failed_now.append(
-                        (pending.client, f"no answer within visit_timeout={visit_timeout:g} s")
-                    )
+                        (pending.client, f"no answer within visit_timeout={self.visit_timeout:g} s"))
         seen = set()
         for client, reason in failed_now:
-            if client in seen or client not in alive:
+            if client in seen or client not in self.alive:
                 continue
             seen.add(client)
-            fail(client, reason)
-    if bar is not None:
-        bar[0].update(bar[1], completed=int(done.sum()), rate=f"{int(rounds.sum())} visits")
-    return snapshot()
+            self._fail(client, reason, first_draw)
+
+    def _fail(self, client: int, reason: str, first_draw: int) -> None:
+        self.failures.append(
+            {"client": int(client), "reason": reason,
+             "iteration": int(self.iterations.max()), "draws_done": int(self.done.min()),
+             # per chain: iterations completed when the failure was handled (every draw
+             # before iteration // thin was made under the original target)
+             "chain_iterations": self.iterations.tolist()})
+        self.alive.discard(client)
+        self.transport.kill(client)
+        hit = [c for c, p in self.inflight.items() if p.client == client]
+        for chain in hit:
+            self._revert(chain, client)
+            del self.inflight[chain]
+        if self.on_client_failure == "stop" or not self.alive:
+            self._drain()
+            failure = ClientFailure(client, reason)
+            made = np.maximum(self.done - first_draw, 0)
+            stop = first_draw + int(made.max())
+            failure.partial = PartialDraws(None, self._rows(first_draw, stop),
+                                           self._row_stats(first_draw, stop), made)
+            failure.no_client_left = not self.alive
+            raise failure
+        kept = sorted(self.alive)
+        self.weights[:] = 0.0
+        self.weights[kept] = self.original_weights[kept] / self.original_weights[kept].sum()
+        self._cumulative = self._cumulative_of(self.weights)
+        if self.reconfigure is not None:
+            self.reconfigure(self.weights.copy())
+        for chain in hit:
+            self._submit(chain)
+
+    def _drain(self) -> None:
+        """Keep what the other clients are computing right now, then stop sending."""
+        if not self.inflight:
+            return
+        ready, _ = self.transport.wait(list(self.inflight.values()),
+                                       timeout=self.visit_timeout or 30.0)
+        for pending in ready:
+            try:
+                self._accept(pending, self.transport.result(pending))
+            except ClientFailure:
+                self._revert(pending.tag, pending.client)
+            del self.inflight[pending.tag]
+        for chain, pending in list(self.inflight.items()):
+            self._revert(chain, pending.client)
+        self.inflight.clear()
 
 
 # ----------------------------------------------------------------------------- protocol adapter
@@ -450,82 +425,68 @@ def sample_handoff(
         info["client_locations"] = call_all(transport, "location")
         info["setup_time"] = time.perf_counter() - setup_started
         total = burn_in + num_samples
-
-        def to_result(run: HandoffRun):
-            return _result_of(run, protocol.name, flat_model, info, transport, burn_in, chains,
-                              thin, weights)
-
-        run = run_handoff(
-            transport,
-            weights=weights,
-            initial_carry=protocol.init_carry(theta0),
-            position_of=protocol.position,
-            chains=chains,
-            thin=thin,
-            local_steps=protocol.local_steps,
-            total_draws=total,
-            seed=seed,
-            visit_timeout=visit_timeout,
-            on_client_failure=on_client_failure,
-            divergence_threshold=protocol.divergence_threshold,
-            reconfigure=configure,
-            make_result=to_result,
-            progress=progress,
-            label=f"{protocol.name} ({engine_label})",
-        )
-        result = to_result(run)
+        server = HandoffServer(
+            transport, weights=weights, initial_carry=protocol.init_carry(theta0),
+            position_of=protocol.position, chains=chains, thin=thin,
+            local_steps=protocol.local_steps, total_draws=total, seed=seed,
+            visit_timeout=visit_timeout, on_client_failure=on_client_failure,
+            divergence_threshold=protocol.divergence_threshold, reconfigure=configure)
+        run = drive(server.advance, None, chains=chains, draw_dim=flat_model.dim,
+                    burn_in=burn_in, num_samples=num_samples,
+                    divergence_threshold=protocol.divergence_threshold, progress=progress,
+                    label=f"{protocol.name} ({engine_label})", iterations_per_draw=thin)
+        result = _result_of(run, server, protocol.name, flat_model, info, transport, burn_in,
+                            thin)
     finally:
         transport.close()
+    if run.failure is not None:
+        failure = run.failure
+        why = ("no client left" if getattr(failure, "no_client_left", False)
+               else 'on_client_failure="stop"')
+        raise ClientFailureError(
+            f"client {failure.client} failed ({failure.reason}); the run stopped ({why}). "
+            f"Draws received so far are in error.result (per chain: "
+            f"{server.done.tolist()} of {total}); on_client_failure='drop' continues without "
+            "the client", result, failure.client, failure.reason)
     if run.diverged.any():
-        details = [
-            {"chain": int(c), "iteration": int((run.first_bad_draw[c] + 1) * thin)}
-            for c in np.nonzero(run.diverged)[0]
-        ]
-        result.info["diverged_chains"] = [d["chain"] for d in details]
-        raise SamplingDivergedError(
-            f"{protocol.name} (engine={engine_label!r}): {len(details)} chain(s) diverged. "
-            "The draws made before are in error.result; lower step_size",
-            result, result.info["diverged_chains"], details,
-        )
+        raise diverged_error(
+            f"{protocol.name} (engine={engine_label!r})", result,
+            divergence_details(run, thin, ("client", "round")),
+            "diverged (non-finite or |theta| > "
+            f"{protocol.divergence_threshold:g}); lower step_size")
     return result
 
 
-def _result_of(run: HandoffRun, name: str, flat_model, base_info, transport, burn_in, chains,
-               thin, original_weights):
-    kept = run.draws[:, burn_in:]
+def _result_of(run, server: HandoffServer, name: str, flat_model, base_info, transport,
+               burn_in, thin):
+    """The run's :class:`~fedmcmc.results.Result`: the driver's draws and the server's
+    counts (rounds, visits, failures, f_s after a drop)."""
     info = dict(base_info)
-    draws_done = int(run.draws_done.max()) if len(run.draws_done) else 0
     info.update(
-        algorithm=name,
-        chains=chains,
-        iterations=int(draws_done * thin),
-        draws_kept=int(kept.shape[1]),
-        wall_time=run.wall_time,
-        interrupted=False,
-        dim=flat_model.dim,
-        rounds=int(run.rounds.max()),
-        rounds_per_chain=run.rounds.tolist(),
-        visits_per_client=run.visits.sum(axis=0).tolist(),
-        draws_per_chain=np.maximum(run.draws_done - burn_in, 0).tolist(),
-        mean_visit_seconds=float(np.mean(run.visit_seconds)) if run.visit_seconds else None,
+        rounds=int(server.rounds.max()),
+        rounds_per_chain=server.rounds.tolist(),
+        visits_per_client=server.visits.sum(axis=0).tolist(),
+        draws_per_chain=np.maximum(np.minimum(server.done, run.draws_done) - burn_in,
+                                   0).tolist(),
+        mean_visit_seconds=(float(np.mean(server.visit_seconds)) if server.visit_seconds
+                            else None),
     )
     info.update(transport.info())
-    if run.failures:
-        info["client_failures"] = run.failures
-        dropped = [f["client"] for f in run.failures]
+    if server.failures:
+        info["client_failures"] = server.failures
+        dropped = [f["client"] for f in server.failures]
         info["dropped_clients"] = dropped
         if base_info.get("on_client_failure") == "drop":
             info["target_changed"] = True
             info["target"] = (
                 f"posterior given the data of clients "
-                f"{[s for s in range(len(original_weights)) if s not in dropped]} only "
+                f"{[s for s in range(len(server.original_weights)) if s not in dropped]} only "
                 f"(clients {dropped} dropped mid-run; f_s renormalised)"
             )
-            info["weights_after_drop"] = run.weights.tolist()
-    stats = {"client": run.clients[:, burn_in:].copy(),
-             "round": run.rounds_at_draw[:, burn_in:].copy()}
-    samples = flat_model.unravel_draws(jnp.asarray(kept))
-    return Result(samples=samples, info=info, sample_stats=stats, algorithm=name)
+            info["weights_after_drop"] = server.weights.tolist()
+    return assemble_result(
+        run, algorithm=name, info=info, dim=flat_model.dim, thin=thin, burn_in=burn_in,
+        unravel=lambda draws: flat_model.unravel_draws(jnp.asarray(draws)))
 
 
 def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str, init,

@@ -6,9 +6,9 @@ Every algorithm reduces to a *draw step* for one chain::
 
 which advances the chain from one kept draw to the next (``thin`` Langevin
 iterations, or ``sample_interval`` units of PDMP time). This module ``vmap``s
-it over chains, ``scan``s it over a chunk of draws under ``jit``, and runs the
-chunks from Python only to report progress, check for divergence and honour
-Ctrl-C. Keys are derived from the draw index (``fold_in``), so the draws do not
+it over chains, loops it over a chunk of draws under ``jit``, and runs the
+chunks with the driver every engine shares (:func:`fedmcmc.engines.driver.drive`:
+progress, divergence, callbacks, Ctrl-C). Keys are derived from the draw index (``fold_in``), so the draws do not
 depend on how the run is cut into chunks -- which is what makes checkpoint and
 resume exact. (``fedmcmc.rng``: ``jax.random``'s keys bit for bit, hash unrolled.)
 """
@@ -16,44 +16,18 @@ resume exact. (``fedmcmc.rng``: ``jax.random``'s keys bit for bit, hash unrolled
 from __future__ import annotations
 
 import functools
-import math
-import sys
-import time
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
-from ..progress import progress_bar
+from .driver import ChainRun, default_chunk_size, drive
 
 PyTree = Any
 
 __all__ = ["ChainRun", "run_chains", "default_chunk_size", "compiler_options", "iteration_key"]
-
-
-class ChainRun(NamedTuple):
-    """What :func:`run_chains` returns."""
-
-    state: PyTree  # final states, leading axis = chains
-    draws: np.ndarray  # (chains, kept, dim) kept draws
-    stats: Dict[str, np.ndarray]  # each (chains, kept)
-    diverged: np.ndarray  # (chains,) bool
-    first_bad_draw: np.ndarray  # (chains,) global draw index of the first bad draw, -1 if none
-    bad_stats: Dict[str, np.ndarray]  # stats at the first bad draw per chain
-    draws_done: int  # global draws completed (burn-in included)
-    interrupted: bool
-    wall_time: float
-    # draws and seconds of the chunks after the first (which also compiles the program):
-    # the steady-state speed, ``None`` when the run fitted in one chunk
-    steady_draws: int = 0
-    steady_time: float = 0.0
-
-    @property
-    def seconds_per_draw(self) -> Optional[float]:
-        """Wall time per draw (all chains together) once compiled; ``None`` if unmeasured."""
-        return self.steady_time / self.steady_draws if self.steady_draws else None
 
 
 def iteration_key(root: jax.Array, chains: int, thin: int, chain, t):
@@ -82,15 +56,6 @@ def compiler_options(chains: int) -> Dict[str, Any]:
     if chains < SPLIT_LOOPS_MIN_CHAINS and jax.default_backend() == "cpu":
         return {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
     return {}
-
-
-def default_chunk_size(total_draws: int, target_chunks: int = 20) -> int:
-    """About ``total_draws / target_chunks``, balanced so that the chunks are of nearly
-    equal length: the last one makes fewer draws than the others by less than the number
-    of chunks (progress and the steady-state timing advance evenly)."""
-    size = max(1, math.ceil(total_draws / target_chunks))
-    chunks = max(1, math.ceil(total_draws / size))
-    return max(1, math.ceil(total_draws / chunks))
 
 
 def run_chains(
@@ -147,13 +112,11 @@ def run_chains(
     chunk_size = chunk_size or default_chunk_size(total - start_draw)
     chunk_size = max(1, min(chunk_size, total - start_draw))
     chains = jax.tree_util.tree_leaves(initial_states)[0].shape[0]
-    if progress is None:
-        progress = sys.stderr.isatty()
 
     def draw_keys(draw_index):
         return rng.split_key(rng.fold_in(key, draw_index), chains)
 
-    def advance(states, step_inputs):
+    def draw_all_chains(states, step_inputs):
         """One draw of every chain; ``step_inputs``: the chains' keys, or their random
         numbers (``draw_noise``)."""
         if chains == 1:
@@ -165,10 +128,7 @@ def run_chains(
             states, draws, stats = stacked(draw_step(first(step_inputs), first(states)))
         else:
             states, draws, stats = jax.vmap(draw_step)(step_inputs, states)
-        finite = jnp.all(jnp.isfinite(draws), axis=-1) & jnp.all(
-            jnp.abs(draws) < divergence_threshold, axis=-1
-        )
-        return states, (draws, stats, finite)
+        return states, (draws, stats)
 
     def record(buffers, position, outputs):
         return jax.tree_util.tree_map(
@@ -191,14 +151,14 @@ def run_chains(
     def run_chunk(states, first_draw, count):
         inputs = draw_keys(first_draw) if draw_noise is None else jax.vmap(draw_noise)(
             draw_keys(first_draw))
-        shapes = jax.eval_shape(advance, states, inputs)[1]
+        shapes = jax.eval_shape(draw_all_chains, states, inputs)[1]
         buffers = jax.tree_util.tree_map(
             lambda leaf: jnp.zeros((chunk_size,) + leaf.shape, leaf.dtype), shapes)
 
         if draw_noise is None:
             def one_draw(i, carry):
                 states, buffers = carry
-                states, outputs = advance(states, draw_keys(first_draw + i))
+                states, outputs = draw_all_chains(states, draw_keys(first_draw + i))
                 return states, record(buffers, i, outputs)
 
             return jax.lax.fori_loop(0, count, one_draw, (states, buffers))
@@ -212,7 +172,7 @@ def run_chains(
             def one_draw(j, carry):
                 states, buffers = carry
                 inputs = jax.tree_util.tree_map(lambda leaf: leaf[j], noise)
-                states, outputs = advance(states, inputs)
+                states, outputs = draw_all_chains(states, inputs)
                 return states, record(buffers, start + j, outputs)
 
             return jax.lax.fori_loop(0, jnp.minimum(block, count - start), one_draw, carry)
@@ -220,92 +180,13 @@ def run_chains(
         blocks = (count + block - 1) // block
         return jax.lax.fori_loop(0, blocks, one_block, (states, buffers))
 
-    states = initial_states
-    kept_draws, kept_stats = [], []
-    diverged = np.zeros(chains, dtype=bool)
-    first_bad = np.full(chains, -1, dtype=np.int64)
-    bad_stats: Dict[str, np.ndarray] = {}
-    interrupted = False
-    done = start_draw
-    steady_draws, steady_time, chunks_run = 0, 0.0, 0
-    bar = progress_bar(progress, label, total)
-    started = time.perf_counter()
-    try:
-        while done < total:
-            n = min(chunk_size, total - done)
-            chunk_start = time.perf_counter()
-            try:
-                new_states, (draws, stats, finite) = run_chunk(
-                    states, jnp.int32(done), jnp.int32(n))
-                draws = np.array(draws[:n])  # (n, chains, dim), writable
-                finite = np.asarray(finite[:n])  # (n, chains)
-            except KeyboardInterrupt:
-                interrupted = True
-                break
-            stats = {k: np.asarray(v[:n]) for k, v in stats.items()}
-            keep_from = max(0, burn_in - done)
-            if not finite.all():
-                bad_rows = ~finite
-                for chain in np.nonzero(bad_rows.any(axis=0))[0]:
-                    row = int(np.argmax(bad_rows[:, chain]))
-                    diverged[chain] = True
-                    first_bad[chain] = done + row
-                    for k, v in stats.items():
-                        bad_stats.setdefault(k, np.full(chains, -1, dtype=v.dtype))
-                        bad_stats[k][chain] = v[row, chain]
-                    draws[row:, chain] = np.nan
-                if keep_from < n:
-                    kept_draws.append(draws[keep_from:])
-                    kept_stats.append({k: v[keep_from:] for k, v in stats.items()})
-                done += n
-                states = new_states
-                break
-            if keep_from < n:
-                kept_draws.append(draws[keep_from:])
-                kept_stats.append({k: v[keep_from:] for k, v in stats.items()})
-                if on_draws is not None:
-                    on_draws(
-                        draws[keep_from:].transpose(1, 0, 2),
-                        {k: v[keep_from:].T for k, v in stats.items()},
-                        done + keep_from,
-                    )
-            states = new_states
-            done += n
-            chunks_run += 1
-            if chunks_run > 1:
-                steady_draws += n
-                steady_time += time.perf_counter() - chunk_start
-            if on_chunk is not None:
-                on_chunk(states, done)
-            if bar is not None:
-                elapsed = time.perf_counter() - chunk_start
-                rate = n * chains * iterations_per_draw / max(elapsed, 1e-9)
-                bar[0].update(bar[1], completed=done, rate=f"{rate:,.0f} chain-it/s")
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        if bar is not None:
-            bar[0].stop()
+    def advance(states, first_draw, count):
+        states, (draws, stats) = run_chunk(states, jnp.int32(first_draw), jnp.int32(count))
+        return states, np.asarray(draws[:count]), {k: np.asarray(v[:count]) for k, v in stats.items()}
 
-    dim = int(np.asarray(jax.eval_shape(lambda s: position(s), jax.tree_util.tree_map(lambda x: x[0], initial_states)).shape[0]))
-    if kept_draws:
-        all_draws = np.concatenate(kept_draws, axis=0).transpose(1, 0, 2)
-        all_stats = {
-            k: np.concatenate([s[k] for s in kept_stats], axis=0).T for k in kept_stats[0]
-        }
-    else:
-        all_draws = np.zeros((chains, 0, dim))
-        all_stats = {}
-    return ChainRun(
-        state=states,
-        draws=all_draws,
-        stats=all_stats,
-        diverged=diverged,
-        first_bad_draw=first_bad,
-        bad_stats=bad_stats,
-        draws_done=done,
-        interrupted=interrupted,
-        wall_time=time.perf_counter() - started,
-        steady_draws=steady_draws,
-        steady_time=steady_time,
-    )
+    dim = int(np.asarray(jax.eval_shape(
+        position, jax.tree_util.tree_map(lambda x: x[0], initial_states)).shape[0]))
+    return drive(advance, initial_states, chains=chains, draw_dim=dim, burn_in=burn_in,
+                 num_samples=num_samples, start_draw=start_draw, chunk_size=chunk_size,
+                 divergence_threshold=divergence_threshold, progress=progress, label=label,
+                 iterations_per_draw=iterations_per_draw, on_chunk=on_chunk, on_draws=on_draws)

@@ -26,7 +26,7 @@ from .. import rng
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
 from ..federation import ConcatenatedData
-from ..results import Result, SamplingDivergedError
+from ..results import Result, assemble_result, divergence_details, diverged_error
 from .. import surrogates as surrogate_module
 from . import dsgld, fsgld, sgld
 from . import step_size as step_size_module
@@ -151,6 +151,8 @@ class _LangevinAlgorithm(Algorithm):
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
     #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)
     supports_resume: bool = True
+    #: appended to the advice of a divergence error
+    divergence_advice: str = ""
 
     def _run(
         self,
@@ -203,22 +205,7 @@ class _LangevinAlgorithm(Algorithm):
             **run_options,
         )
         final = run.state
-        iterations = run.draws_done * thin
         info = dict(info)
-        info.update(
-            algorithm=self.name,
-            chains=chains,
-            iterations=iterations,
-            draws_kept=int(run.draws.shape[1]),
-            wall_time=run.wall_time,
-            interrupted=run.interrupted,
-            dim=flat_model.dim,
-        )
-        if run.seconds_per_draw is not None:
-            # steady-state speed, compilation excluded (chunks after the first)
-            info["seconds_per_iteration"] = run.seconds_per_draw / thin
-        if start_draw:
-            info["start_draw"] = int(start_draw)
         if client_aware:
             rounds = np.asarray(final.rounds)
             visits = np.asarray(final.visits).sum(axis=0)
@@ -239,36 +226,17 @@ class _LangevinAlgorithm(Algorithm):
             info["messages"] = 0
             info["floats_communicated"] = 0
         info["bytes_communicated"] = info["floats_communicated"] * int(np.dtype(flat_model.dtype).itemsize)
-        samples = flat_model.unravel_draws(jnp.asarray(run.draws))
-        stats = {k: np.asarray(v) for k, v in run.stats.items()}
-        result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
+        result = assemble_result(
+            run, algorithm=self.name, unravel=lambda draws: flat_model.unravel_draws(jnp.asarray(draws)),
+            info=info, dim=flat_model.dim, thin=thin, start_draw=start_draw)
         if run.diverged.any():
-            details = []
-            for chain in np.nonzero(run.diverged)[0]:
-                where = {
-                    "chain": int(chain),
-                    "iteration": int((run.first_bad_draw[chain] + 1) * thin),
-                }
-                if client_aware:
-                    where["client"] = int(run.bad_stats["client"][chain])
-                    where["round"] = int(run.bad_stats["round"][chain])
-                details.append(where)
-            text = "; ".join(
-                ", ".join(f"{k} {v}" for k, v in d.items()) for d in details
-            )
-            info["diverged_chains"] = [d["chain"] for d in details]
-            raise SamplingDivergedError(
-                f"{self.name}: {len(details)} chain(s) diverged (non-finite or |theta| > "
-                f"{self.divergence_threshold:g}): {text}. The draws made before are in "
-                "error.result; lower step_size"
+            raise diverged_error(
+                self.name, result, divergence_details(run, thin, ("client", "round")),
+                f"diverged (non-finite or |theta| > {self.divergence_threshold:g}); lower step_size"
                 + (f" (this one is past the stability limit: (h/4) lambda_max of the posterior "
                    f"curvature is {info['discretisation_ratio']:.3g} >= 1; step_size='auto' "
                    "chooses a stable one)" if info.get("discretisation_ratio", 0) >= 1 else "")
-                + (", or keep FSGLD's trust_radius safeguard on" if self.name == "FSGLD" else ""),
-                result,
-                info["diverged_chains"],
-                details,
-            )
+                + self.divergence_advice)
         return result
 
 
@@ -584,6 +552,7 @@ class FSGLD(DSGLD):
     """
 
     name = "FSGLD"
+    divergence_advice = ", or keep FSGLD's trust_radius safeguard on"
 
     def __init__(
         self,

@@ -39,7 +39,7 @@ from ..algorithm import (
 )
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
-from ..results import Result, SamplingDivergedError
+from ..results import SamplingDivergedError, assemble_result, divergence_details, diverged_error
 from .distributed import sample_pdmp
 from . import federated, privacy as privacy_module
 from .boomerang import BoomerangSpec
@@ -590,17 +590,15 @@ class _FedPDMP(Algorithm):
             info["skeleton_velocities"] = [st.sk_v[c, : n[c]].tolist() for c in range(chains)]
             info["skeleton_truncated"] = bool(np.any(st.sk_n >= skeleton_size))
 
-        samples = out_model.unravel_draws(jnp.asarray(positions, dtype=out_model.dtype))
-        stats = {k: np.asarray(v) for k, v in run.stats.items()}
-        result = Result(samples=samples, info=info, sample_stats=stats, algorithm=self.name)
+        result = assemble_result(
+            run, algorithm=self.name, info=info, dim=d, thin=None,  # draws are not iterations
+            unravel=lambda draws: out_model.unravel_draws(
+                jnp.asarray(np.asarray(draws)[..., :d], dtype=out_model.dtype)))
         if run.diverged.any():
-            chains_bad = np.nonzero(run.diverged)[0].tolist()
-            details = [{"chain": int(c), "draw": int(run.first_bad_draw[c])} for c in chains_bad]
-            info["diverged_chains"] = chains_bad
-            raise SamplingDivergedError(
-                f"{self.name}: {len(chains_bad)} chain(s) diverged (non-finite or |x| > "
-                f"{self.divergence_threshold:g}): {details}; the draws made before are in "
-                "error.result. Check the model's rate bounds.", result, chains_bad, details)
+            raise diverged_error(
+                self.name, result, divergence_details(run, thin=None),
+                f"diverged (non-finite or |x| > {self.divergence_threshold:g}); check the "
+                "model's rate bounds")
         if bool(np.any(st.overflow)):
             raise PDMPBoundError(
                 f"{self.name}: the event simulation hit its limit (max_thinning={self.max_thinning} "

@@ -22,7 +22,7 @@ compare them on the in-process transport and on Ray).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,8 @@ import numpy as np
 
 from ..federation import Federation
 from ..protocols import ClientContext
-from ..engines.broadcast import BroadcastClient, BroadcastDraw, run_remote_chains
+from ..engines.broadcast import BroadcastClient, BroadcastDraw
+from ..engines.driver import draw_by_draw, drive
 from ..engines.comm import (call_all, describe_federation, gather_before_sampling,
                             with_fault_injection)
 from . import federated
@@ -277,11 +278,15 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
 
             position = lambda s: s[0].x  # noqa: E731
         run_options = {k: options[k] for k in ("chunk_size", "on_chunk", "on_draws") if k in options}
-        run, failure = run_remote_chains(
-            draw_all, states, k_run, burn_in=burn_in, num_samples=num_samples,
-            position=position, divergence_threshold=algorithm.divergence_threshold,
-            progress=progress, label=f"{algorithm.name} (ray)" if engine_label == "ray"
-            else algorithm.name, **run_options)
+        dim = int(np.shape(position(jax.tree_util.tree_map(lambda a: a[0], states)))[0])
+        run = drive(
+            draw_by_draw(draw_all, k_run, chains), states, chains=chains,
+            draw_dim=2 * dim,  # a draw: the position and the mean over its interval
+            burn_in=burn_in, num_samples=num_samples, draws_per_call=1,
+            divergence_threshold=algorithm.divergence_threshold, progress=progress,
+            label=f"{algorithm.name} (ray)" if engine_label == "ray" else algorithm.name,
+            **run_options)
+        failure = run.failure
         messages = transport.info()
         messages["event_rounds_broadcast"] = draw.event_rounds
         if draw.failures:

@@ -232,7 +232,9 @@ def test_a_crashed_client_stops_the_run_and_keeps_the_draws(uninterrupted):
     kept = error.result.flat_samples()
     made = np.isfinite(kept).all(axis=-1)
     assert 0 < made.sum() < 3 * 60
-    np.testing.assert_array_equal(kept[made], uninterrupted.flat_samples()[made])
+    # the result ends at the last draw any chain received; the others are NaN-padded
+    assert error.result.info["draws_per_chain"] == made.sum(axis=1).tolist()
+    np.testing.assert_array_equal(kept[made], uninterrupted.flat_samples()[:, :kept.shape[1]][made])
 
 
 def test_a_dropped_client_renormalises_the_weights(uninterrupted):
@@ -255,3 +257,21 @@ def test_a_hung_client_times_out():
                                                   "seconds": 600})
     assert result.info["dropped_clients"] == [1]
     assert "visit_timeout" in result.info["client_failures"][0]["reason"]
+
+
+def test_a_diverging_chain_is_reported_alike_by_both_engines():
+    """The one driver and result assembly: the same details (chain, draw, iteration, client,
+    round) and the same partial draws whether the chain is simulated in one compiled program
+    or handed from client to client over a transport."""
+    algorithm = fm.DSGLD(step_size=5.0, batch_size=5, local_steps=10)  # far past stability
+    run = dict(init=jnp.zeros(DIM), num_samples=60, burn_in=0, thin=5, chains=2, seed=7)
+    with pytest.raises(fm.SamplingDivergedError) as in_process:
+        fm.sample(MODEL, equal_mean_federation(), algorithm, progress=False, **run)
+    with pytest.raises(fm.SamplingDivergedError) as handed:
+        sample_protocol(algorithm.handoff_protocol(), MODEL, equal_mean_federation(),
+                        engine="local", **run)
+    assert in_process.value.details == handed.value.details
+    assert set(in_process.value.details[0]) == {"chain", "draw", "iteration", "client", "round"}
+    a, b = in_process.value.result.flat_samples(), handed.value.result.flat_samples()
+    made = min(a.shape[1], b.shape[1])
+    np.testing.assert_allclose(a[:, :made], b[:, :made], rtol=1e-5, atol=1e-5)

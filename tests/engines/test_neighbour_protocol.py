@@ -32,7 +32,7 @@ def over_transport(algorithm, **options):
     settings = algorithm.settings(MODEL, fed, RUN["init"], algorithm.topology(fed.num_clients))
     return run_neighbour(algorithm._resolved(settings), MODEL, fed,
                          lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
-                         "local", check_engine_options(options, algorithm.name), **RUN)
+                         "local", check_engine_options(options, algorithm.name), **RUN).result
 
 
 @pytest.mark.parametrize("algorithm", [

@@ -1,0 +1,106 @@
+"""The one run driver (engines.driver.drive) and the result every family assembles from it."""
+
+import numpy as np
+import pytest
+
+from fedmcmc.engines.comm import ClientFailure
+from fedmcmc.engines.driver import PartialDraws, default_chunk_size, drive
+from fedmcmc.results import assemble_result, divergence_details, diverged_error
+
+CHAINS, DIM = 3, 2
+
+
+def counting_advance(bad=None, fail_at=None, calls=None):
+    """Draw k of chain c is (k, c) (deterministic, so the driver's bookkeeping is checkable);
+    ``bad=(draw, chain)`` makes that draw infinite; ``fail_at`` raises a ClientFailure
+    (with the draws of the call made before it attached) when that draw is reached."""
+
+    def advance(states, first, count):
+        if calls is not None:
+            calls.append((first, count))
+        index = np.arange(first, first + count, dtype=np.float64)
+        draws = np.stack([np.stack([index, np.full(count, c, np.float64)], axis=-1)
+                          for c in range(CHAINS)], axis=1)  # (count, chains, dim)
+        stats = {"client": np.tile(np.arange(CHAINS), (count, 1)) + 10 * index[:, None]}
+        if bad is not None and first <= bad[0] < first + count:
+            draws[bad[0] - first, bad[1]] = np.inf
+        if fail_at is not None and first <= fail_at < first + count:
+            made = fail_at - first
+            failure = ClientFailure(4, "died")
+            failure.partial = PartialDraws("partial-states", draws[:made],
+                                           {k: v[:made] for k, v in stats.items()},
+                                           np.full(CHAINS, made))
+            raise failure
+        return states + count, draws, stats
+
+    return advance
+
+
+@pytest.mark.parametrize("chunk_size,draws_per_call", [(None, None), (7, None), (7, 1), (50, 3)])
+def test_draws_and_callbacks_do_not_depend_on_the_chunking(chunk_size, draws_per_call):
+    reported, checkpoints = [], []
+    run = drive(counting_advance(), 0, chains=CHAINS, draw_dim=DIM, burn_in=5, num_samples=40,
+                chunk_size=chunk_size, draws_per_call=draws_per_call, progress=False,
+                on_draws=lambda d, s, first: reported.append((first, d)),
+                on_chunk=lambda states, done: checkpoints.append((states, done)))
+    assert run.draws.shape == (CHAINS, 40, DIM) and run.draws_done == 45 and run.state == 45
+    np.testing.assert_array_equal(run.draws[1, :, 0], np.arange(5, 45))
+    np.testing.assert_array_equal(run.stats["client"][2], 2 + 10 * np.arange(5, 45))
+    # on_draws saw every kept draw once, in order, with its global index
+    firsts = [first for first, _ in reported]
+    joined = np.concatenate([d for _, d in reported], axis=1)
+    np.testing.assert_array_equal(joined, run.draws)
+    assert firsts[0] == 5 and all(int(d[0, 0, 0]) == f for f, d in reported)
+    assert [done for _, done in checkpoints][-1] == 45
+    assert all(states == done for states, done in checkpoints)
+    assert not run.diverged.any() and run.failure is None
+
+
+def test_a_diverged_draw_stops_the_run_and_keeps_the_draws_before():
+    calls = []
+    run = drive(counting_advance(bad=(23, 1), calls=calls), 0, chains=CHAINS, draw_dim=DIM,
+                burn_in=5, num_samples=40, chunk_size=10, progress=False)
+    assert run.diverged.tolist() == [False, True, False]
+    assert run.first_bad_draw.tolist() == [-1, 23, -1]
+    assert run.bad_stats["client"][1] == 1 + 10 * 23
+    # stopped after the chunk holding the bad draw: draws 5..29 kept; chain 1 NaN from 23
+    assert run.draws_done == 30 and run.draws.shape[1] == 25
+    assert np.isfinite(run.draws[1, :18]).all() and np.isnan(run.draws[1, 18:]).all()
+    assert np.isfinite(run.draws[[0, 2]]).all()
+    assert calls[-1] == (20, 10)
+    # a broken divergence rule (no check) would have run on to draw 45
+    details = divergence_details(run, thin=4, stats=("client",))
+    assert details == [{"chain": 1, "draw": 23, "iteration": 96, "client": 231}]
+    result = assemble_result(run, algorithm="X", unravel=lambda d: d, info={}, dim=DIM, thin=4)
+    error = diverged_error("X", result, details, "diverged; lower step_size")
+    assert error.result is result and error.chains == [1]
+    assert result.info["diverged_chains"] == [1] and result.info["iterations"] == 120
+    assert "chain 1 by iteration 96, client 231" in str(error)
+
+
+def test_a_client_failure_ends_the_run_with_the_partial_draws():
+    run = drive(counting_advance(fail_at=17), 0, chains=CHAINS, draw_dim=DIM, burn_in=5,
+                num_samples=40, chunk_size=10, progress=False)
+    assert isinstance(run.failure, ClientFailure) and run.failure.client == 4
+    assert run.draws_done == 17 and run.state == "partial-states"
+    np.testing.assert_array_equal(run.draws[0, :, 0], np.arange(5, 17))
+    assert run.draws_per_chain.tolist() == [17] * CHAINS
+    result = assemble_result(run, algorithm="X", unravel=lambda d: d, info={}, dim=DIM,
+                             burn_in=5)
+    assert result.info["draws_per_chain"] == [12] * CHAINS
+
+
+def test_the_family_s_own_figures_win_over_the_standard_ones():
+    run = drive(counting_advance(), 0, chains=CHAINS, draw_dim=DIM, burn_in=0, num_samples=4,
+                progress=False)
+    info = {"iterations": 999}  # e.g. a PDMP's thinning iterations
+    assemble_result(run, algorithm="X", unravel=lambda d: d, info=info, dim=DIM, thin=None)
+    assert info["iterations"] == 999 and info["draws_kept"] == 4 and info["chains"] == CHAINS
+    assert "seconds_per_iteration" not in info
+
+
+def test_default_chunks_are_nearly_equal():
+    for total in (1, 7, 20, 41, 999):
+        size = default_chunk_size(total)
+        chunks = -(-total // size)
+        assert total - (chunks - 1) * size > size - chunks
