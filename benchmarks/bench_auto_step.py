@@ -8,12 +8,16 @@ mlmRev Contraception by district) and each of SGLD, DSGLD and FSGLD, runs
   without "auto" would run;
 * FSGLD at the automatic h with control variates forced off (the effect of the variance
   reduction alone),
+* with ``--variance-reduction``, DSGLD and FSGLD under "auto" with each variance reduction
+  forced: control variates anchored at the global Laplace mode, at each client's own mode,
+  none; client selection f_s proportional to size or chosen for variance. The set-up's
+  predicted step-size gain of each (``info``) is printed with the accuracy it reached,
 
 each for the same number of iterations per chain, and prints the accuracy against the
 exact or NUTS posterior (max |z| of the means in posterior sd, sd ratios) and the wall time.
 "Reaches accuracy" is max |z| < 0.15 with sd ratios in [0.85, 1.15] (issue 15's criterion).
 
-    python benchmarks/bench_auto_step.py [--quick] [--iterations N]
+    python benchmarks/bench_auto_step.py [--quick] [--iterations N] [--variance-reduction]
 """
 
 from __future__ import annotations
@@ -52,11 +56,23 @@ def run(instance, algorithm, iterations, mean, sd):
     return result, time.perf_counter() - started
 
 
+#: the variance reductions, each forced, under step_size="auto" (--variance-reduction)
+VARIANCE_REDUCTIONS = (
+    ("auto, cv global, f_s size", dict(control_variates="global", client_selection="proportional")),
+    ("auto, cv client, f_s size", dict(control_variates="client", client_selection="proportional")),
+    ("auto, cv none, f_s size", dict(control_variates=False, client_selection="proportional")),
+    ("auto, cv none, f_s variance", dict(control_variates=False, client_selection="variance")),
+    ("auto, cv global, f_s variance", dict(control_variates="global", client_selection="variance")),
+)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one problem, a short run")
     parser.add_argument("--iterations", type=int, default=None,
                         help="iterations per chain (default 400,000; --quick 100,000)")
+    parser.add_argument("--variance-reduction", action="store_true",
+                        help="also each variance reduction forced on and off under 'auto'")
     args = parser.parse_args()
     iterations = args.iterations or (100_000 if args.quick else 400_000)
     names = ["exam-schools"] if args.quick else ["exam-schools", "contraception"]
@@ -66,7 +82,7 @@ def main():
         "FSGLD": lambda h, **kw: fm.FSGLD(step_size=h, batch_size=10, local_steps=20, **kw),
     }
     print(f"{iterations:,} iterations per chain, 4 chains; batch 10, 20 local steps")
-    print(f"{'problem':14s} {'algorithm':6s} {'setting':28s} {'h':>10s} {'max|z|':>7s} "
+    print(f"{'problem':14s} {'algorithm':6s} {'setting':46s} {'h':>10s} {'max|z|':>7s} "
           f"{'sd ratio':>13s} {'ok':>3s} {'seconds':>8s}")
     for name in names:
         instance = problems.get(name).build()
@@ -78,8 +94,11 @@ def main():
             rows = []
             result, seconds = run(instance, make("auto"), iterations, mean, sd)
             auto_h = result.info["step_size"] if result is not None else None
-            rows.append(("auto" + (" + control variates" if result is not None
-                                   and result.info.get("control_variates") else ""),
+            rows.append(("auto" + (f" + control variates {result.info['control_variates']}"
+                                   if result is not None and result.info.get("control_variates")
+                                   else "")
+                          + (" + f_s variance" if result is not None
+                             and result.info.get("client_selection") == "variance" else ""),
                          auto_h, result, seconds))
             if auto_h is not None:
                 for factor in (0.1, 0.3, 3.0, 10.0):
@@ -91,13 +110,20 @@ def main():
                     result, seconds = run(instance, make(auto_h, control_variates=False),
                                           iterations, mean, sd)
                     rows.append(("auto h, control variates off", auto_h, result, seconds))
+            if args.variance_reduction and label != "SGLD":
+                for setting, kwargs in VARIANCE_REDUCTIONS:
+                    result, seconds = run(instance, make("auto", **kwargs), iterations, mean, sd)
+                    h = result.info["step_size"] if result is not None else None
+                    if result is not None and "client_selection_step_gain" in result.info:
+                        setting += f" (h x{result.info['client_selection_step_gain']:.3g})"
+                    rows.append((setting, h, result, seconds))
             for setting, h, result, seconds in rows:
                 if result is None:
-                    print(f"{name:14s} {label:6s} {setting:28s} {h or float('nan'):10.3g} "
+                    print(f"{name:14s} {label:6s} {setting:46s} {h or float('nan'):10.3g} "
                           f"{'diverged':>25s} {seconds:8.1f}")
                     continue
                 worst, low, high, ok = accuracy(result, mean, sd, instance.dim)
-                print(f"{name:14s} {label:6s} {setting:28s} {h:10.3g} {worst:7.3f} "
+                print(f"{name:14s} {label:6s} {setting:46s} {h:10.3g} {worst:7.3f} "
                       f"{low:6.3f}-{high:5.3f} {'yes' if ok else 'no':>3s} {seconds:8.1f}")
 
 

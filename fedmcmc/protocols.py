@@ -146,6 +146,11 @@ class HandoffProtocol:
         return carry[0]
 
     # ------------------------------------------------------------------ server side
+    def scheduler_weights(self, federation_weights):
+        """The client selection probabilities f_s the scheduler draws with: the
+        federation's (default), or ones the protocol's set-up chose."""
+        return federation_weights
+
     def prepare(self, server: ServerSide) -> Any:
         """Set-up done once, before sampling (e.g. ask every client for its surrogate).
 

@@ -37,6 +37,7 @@ changes its variance.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, NamedTuple, Optional
 
@@ -232,8 +233,14 @@ def laplace_of_product(flat_model: FlatModel, surrogates: GaussianSurrogates, th
 
     The prior enters through its second-order expansion at ``theta0``; the
     linear system is solved with the PSD-projected total precision. Returns
-    ``(mode, precision)`` (precision diagonal when the surrogates are).
+    ``(mode, precision)`` (precision diagonal when the surrogates are). One compiled
+    program (run op by op, the prior's Hessian alone compiled dozens of small ones).
     """
+    return _laplace_of_product(flat_model, surrogates, theta0)
+
+
+@functools.partial(jax.jit, static_argnums=0)  # the flat model is hashable (frozen dataclass)
+def _laplace_of_product(flat_model: FlatModel, surrogates: GaussianSurrogates, theta0):
     total = product(surrogates)
     prior_grad = flat_model.grad_log_prior(theta0)
     prior_hessian = jax.hessian(flat_model.log_prior)(theta0)
@@ -253,9 +260,13 @@ def fit_laplace(
     theta0: jax.Array,
     diagonal=None,
     iterations: int = 200,
+    with_modes: bool = False,
 ):
-    """Laplace surrogates: Taylor expansion of each client's log likelihood at its mode.
+    """Laplace surrogates: Taylor expansion of each client's log likelihood at its mode
+    (the mode of ``p(x_s|theta) p(theta)^(1/S)``, found on the client by L-BFGS).
 
+    ``with_modes``: also return the modes, (S, d) (the anchors of
+    ``control_variates="client"``): ``(surrogates, modes)``.
     """
     diagonal = _resolve_diagonal(diagonal, flat_model.dim)
     padded = federation.padded()
@@ -266,7 +277,8 @@ def fit_laplace(
             f"surrogate='laplace': the mode search diverged on clients {bad}; "
             "use surrogate='sgld' or a better-conditioned model"
         )
-    return _taylor_surrogate(flat_model, modes, padded, diagonal)
+    surrogates = _taylor_surrogate(flat_model, modes, padded, diagonal)
+    return (surrogates, modes) if with_modes else surrogates
 
 
 def expand_at_global_mode(flat_model: FlatModel, federation: Federation,

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..federation import Federation, describe_client
+from ..model import unravel_draws_numpy
 from ..protocols import HandoffProtocol, ServerSide, client_context, client_function, draw_client
 from ..results import assemble_result, divergence_details, diverged_error
 from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
@@ -396,7 +397,7 @@ def sample_handoff(
         # from_loaders: each client loaded its rows in its own process; the driver learns
         # their sizes (hence the default f_s) from the clients' descriptions
         federation = describe_federation(transport, federation, model, init)
-        weights = np.asarray(federation.weights, np.float64)
+        weights = np.asarray(protocol.scheduler_weights(federation.weights), np.float64)
         transport.audit = bool(audit_messages)
         setup_started = time.perf_counter()
         timeout = [None]  # set-up before sampling waits without a limit (it compiles)
@@ -486,7 +487,7 @@ def _result_of(run, server: HandoffServer, name: str, flat_model, base_info, tra
             info["weights_after_drop"] = server.weights.tolist()
     return assemble_result(
         run, algorithm=name, info=info, dim=flat_model.dim, thin=thin, burn_in=burn_in,
-        unravel=lambda draws: flat_model.unravel_draws(jnp.asarray(draws)))
+        unravel=lambda draws: unravel_draws_numpy(flat_model, draws))
 
 
 def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str, init,

@@ -130,6 +130,11 @@ def run_chains(
             states, draws, stats = jax.vmap(draw_step)(step_inputs, states)
         return states, (draws, stats)
 
+    # jitted so that its trace is cached: the chunk below traces it once for the shapes of
+    # its outputs and calls it again in its loop with the same input types, and tracing a
+    # large model's step twice was half of a warm start (XLA inlines the call: same program)
+    draw_all_chains = jax.jit(draw_all_chains)
+
     def record(buffers, position, outputs):
         return jax.tree_util.tree_map(
             lambda buffer, value: jax.lax.dynamic_update_index_in_dim(buffer, value, position, 0),
@@ -182,7 +187,9 @@ def run_chains(
 
     def advance(states, first_draw, count):
         states, (draws, stats) = run_chunk(states, jnp.int32(first_draw), jnp.int32(count))
-        return states, np.asarray(draws[:count]), {k: np.asarray(v[:count]) for k, v in stats.items()}
+        # sliced in NumPy: slicing the device arrays would compile a program per shape
+        return states, np.asarray(draws)[:count], {k: np.asarray(v)[:count]
+                                                   for k, v in stats.items()}
 
     dim = int(np.asarray(jax.eval_shape(
         position, jax.tree_util.tree_map(lambda x: x[0], initial_states)).shape[0]))

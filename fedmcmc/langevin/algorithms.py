@@ -26,12 +26,13 @@ from .. import rng
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
 from ..federation import ConcatenatedData
+from ..model import unravel_draws_numpy
 from ..results import Result, assemble_result, divergence_details, diverged_error
 from .. import surrogates as surrogate_module
 from . import dsgld, fsgld, sgld
 from . import step_size as step_size_module
 from . import estimators
-from .estimators import conducive_gradient_from_terms, conducive_terms, draw_minibatch, dsgld_gradient
+from .estimators import draw_minibatch, dsgld_gradient
 from .handoff import DSGLDProtocol, FSGLDProtocol
 from ..schedules import as_schedule, describe_step_size
 from ..engines.handoff import sample_on_ray
@@ -85,15 +86,24 @@ def _client_noise(estimate, num_clients: int, center, precision, key, dim: int):
 
 def _anchor_gradients(flat_model, federation, anchor):
     """Each client's full-data log-likelihood gradient at ``anchor`` (the control variates'
-    G_s), computed from its own rows (vmapped over the padded clients)."""
+    G_s; ``anchor`` (d,) shared or (S, d) each client's own), computed from its own rows
+    (vmapped over the padded clients)."""
     padded = federation.padded()
+    anchor = jnp.asarray(anchor)
+    anchors = jnp.broadcast_to(anchor, (federation.num_clients, anchor.shape[-1]))
 
     @jax.jit
-    def gradients(anchor):
-        return jax.vmap(lambda rows, mask: flat_model.grad_log_likelihood_sum(anchor, rows, mask))(
-            padded.data, padded.mask)
+    def gradients(anchors):
+        return jax.vmap(flat_model.grad_log_likelihood_sum)(anchors, padded.data, padded.mask)
 
-    return gradients(jnp.asarray(anchor))
+    return gradients(anchors)
+
+
+def _weights_of(settings: _Settings, federation_weights):
+    """The f_s a kernel runs with: the set-up's choice, else the federation's."""
+    if settings.client_weights is None:
+        return federation_weights
+    return jnp.asarray(settings.client_weights, dtype=jnp.float32)
 
 
 def _step_size_choice(step_size, tolerance, precision, covariance, name: str, info: dict) -> float:
@@ -138,6 +148,7 @@ class _Settings(NamedTuple):
     surrogates: Any = None  # FSGLD: surrogates.GaussianSurrogates
     global_surrogate: Any = None  # FSGLD: surrogates.ProductSurrogate
     trust_region: Any = None  # FSGLD: fsgld.TrustRegion or None
+    client_weights: Any = None  # the scheduler's f_s when the set-up chose them, else None
 
 
 class StepSizeWarning(UserWarning):
@@ -227,7 +238,7 @@ class _LangevinAlgorithm(Algorithm):
             info["floats_communicated"] = 0
         info["bytes_communicated"] = info["floats_communicated"] * int(np.dtype(flat_model.dtype).itemsize)
         result = assemble_result(
-            run, algorithm=self.name, unravel=lambda draws: flat_model.unravel_draws(jnp.asarray(draws)),
+            run, algorithm=self.name, unravel=lambda draws: unravel_draws_numpy(flat_model, draws),
             info=info, dim=flat_model.dim, thin=thin, start_draw=start_draw)
         if run.diverged.any():
             raise diverged_error(
@@ -334,6 +345,24 @@ class DSGLD(_LangevinAlgorithm):
         so it stays unbiased (``fedmcmc.minibatch``).
     local_steps:
         Updates per visit before the chain is handed on.
+    step_size_tolerance:
+        ``"auto"``'s bound on the minibatch-noise and discretisation ratios (default 0.05).
+    control_variates:
+        The estimator with control variates (``estimators.dsgld_gradient_with_control_variates``):
+        ``"global"`` (or ``True``) anchors every client at the mode of the product of the
+        clients' Laplace fits, ``"client"`` each client at its own Laplace mode (nothing new
+        leaves the client), ``False`` none. ``None`` (default): with ``step_size="auto"``
+        the set-up measures all three from the clients' noise statistics and keeps the
+        anchor that allows the largest h if it is more than twice that of none (a control
+        variate costs a second gradient per row); with a numeric h, none.
+    client_selection:
+        The scheduler's f_s. ``"proportional"``: the federation's ``weights`` (N_s / N by
+        default); ``"variance"``: chosen to lower the estimator's noise
+        (``step_size.variance_weights``; the estimator divides by the same f_s, so it stays
+        unbiased). ``None`` (default): with ``step_size="auto"``, ``"variance"`` when it
+        allows at least 1.25x the step size of ``"proportional"``, else the latter; with a
+        numeric h, ``"proportional"``. Weights the user gave the federation are always used
+        as given.
     """
 
     name = "DSGLD"
@@ -342,94 +371,175 @@ class DSGLD(_LangevinAlgorithm):
 
     def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True,
                  step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
-                 control_variates: Optional[bool] = None):
+                 control_variates: Any = None, client_selection: Optional[str] = None):
         self.step_size = _check_step_size(step_size)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.local_steps = check_positive_int(local_steps, "local_steps")
         self.noise = bool(noise)
         self.step_size_tolerance = _check_tolerance(step_size_tolerance)
-        if control_variates not in (None, True, False):
-            raise ValueError(f"control_variates must be True, False or None (automatic), "
-                             f"got {control_variates!r}")
+        if not any(control_variates is option for option in (None, True, False)) and \
+                control_variates not in ("global", "client"):
+            raise ValueError(f"control_variates must be 'global' (or True), 'client', False or "
+                             f"None (automatic), got {control_variates!r}")
         self.control_variates = control_variates
+        if client_selection not in (None, "proportional", "variance"):
+            raise ValueError(f"client_selection must be 'proportional', 'variance' or None "
+                             f"(automatic), got {client_selection!r}")
+        self.client_selection = client_selection
+
+    def _variates_kind(self) -> Optional[str]:
+        """The control variates asked for: "global", "client", "none", or None (automatic)."""
+        if self.control_variates is None:
+            return None
+        if self.control_variates is True:
+            return "global"
+        if self.control_variates is False:
+            return "none"
+        return self.control_variates
 
     def handoff_protocol(self, settings: Optional["_Settings"] = None) -> DSGLDProtocol:
         """This algorithm as a hand-off protocol (what the clients and the server of the Ray
         engine run; ``fedmcmc.langevin.handoff``). ``settings``: the resolved ones
-        (:meth:`_resolve`: a numeric h, the control variates' anchor), else the
+        (:meth:`_resolve`: a numeric h, the control variates' anchor, f_s), else the
         constructor's."""
         settings = settings or _Settings(step_size=self.step_size)
         anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
         return DSGLDProtocol(settings.step_size, self.batch_size, self.local_steps, self.noise,
-                             self.divergence_threshold, anchor=anchor)
+                             self.divergence_threshold, anchor=anchor,
+                             client_weights=settings.client_weights)
 
     def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> _Settings:
-        """The run's settings: ``"auto"`` and the control variates resolved (``info`` says
-        what was chosen)."""
-        step_size, variates = self.step_size, None
-        if step_size == "auto" or self.control_variates:
-            laplace = surrogate_module.fit_surrogates("laplace", flat_model, federation, theta0, key)
+        """The run's settings: ``"auto"``, the control variates and f_s resolved (``info``
+        says what was chosen)."""
+        step_size, variates, chosen = self.step_size, None, None
+        self._check_selection(federation)
+        kind = self._variates_kind()
+        if step_size == "auto" or kind not in (None, "none") or \
+                self.client_selection == "variance":
+            laplace, modes = surrogate_module.fit_laplace(flat_model, federation, theta0,
+                                                          with_modes=True)
             center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
-            step_size, variates = self._resolve_noise(
-                flat_model, federation, data, weights, center, precision, key, None, info)
-        return _Settings(step_size=step_size, variates=variates)
+            step_size, variates, chosen = self._resolve_noise(
+                flat_model, federation, data, weights, center, precision, key, None, info,
+                modes)
+        return _Settings(step_size=step_size, variates=variates, client_weights=chosen)
+
+    def _check_selection(self, federation) -> None:
+        if self.client_selection == "variance" and federation.weights_given:
+            raise ValueError(
+                "client_selection='variance' chooses f_s itself, but the federation has "
+                "weights given by the user; drop one of the two")
 
     def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
         settings = self._resolve(flat_model, federation, data, weights, key, theta0, info)
         return dsgld.build_kernel(
-            flat_model, data, weights, self.batch_size, self.local_steps,
+            flat_model, data, _weights_of(settings, weights), self.batch_size, self.local_steps,
             as_schedule(settings.step_size), self.noise, control_variates=settings.variates,
         )
 
     def _needs_driver_setup(self) -> bool:
-        return self.step_size == "auto" or bool(self.control_variates)
+        return (self.step_size == "auto" or self._variates_kind() not in (None, "none")
+                or self.client_selection == "variance")
 
     def _resolve_noise(self, flat_model, federation, data, weights, center, precision, key,
-                       conducive, info):
-        """``"auto"`` or the check of a given h (``step_size.py``), and whether to use control
-        variates at ``center`` (``control_variates``: True, False, or None = "auto": with
-        ``step_size="auto"``, on when they allow more than twice the step size, since they
-        cost a second gradient per row), from the clients' noise statistics of their own
-        estimator. ``conducive(theta, client)``: FSGLD's extra term. Returns (h, variates)."""
-        def candidate():
-            return estimators.ControlVariates(
-                anchor=jnp.asarray(center),
-                anchor_gradients=_anchor_gradients(flat_model, federation, center))
+                       surrogate_term, info, modes):
+        """``"auto"`` or the check of a given h (``step_size.py``), the control variates and
+        the client selection, from the clients' noise statistics of their own estimator
+        (``step_size.ClientNoise``: its unscaled part r_s, so any f_s can be evaluated).
 
-        def covariance_of(variates):
+        ``surrogate_term(theta, client)``: FSGLD's part of r_s, ``-alpha grad log q_s``.
+        ``modes``: the clients' Laplace modes (the anchors of ``control_variates="client"``).
+        Automatic choices (``None``, under ``step_size="auto"``): the anchor ("global",
+        "client" or none) and f_s ("variance" or the federation's) that allow the largest h,
+        a control variate only if it more than doubles h (it costs a second gradient per
+        row), "variance" only if it gives at least 1.25x. Returns (h, variates, f_s or None).
+        """
+        proportional = np.asarray(weights, np.float64)
+        anchors = {
+            "global": lambda: jnp.asarray(center),
+            "client": lambda: jnp.asarray(modes() if callable(modes) else modes),
+        }
+
+        def variates_of(kind):
+            if kind == "none":
+                return None
+            anchor = anchors[kind]()
+            return estimators.ControlVariates(
+                anchor=anchor, anchor_gradients=_anchor_gradients(flat_model, federation, anchor))
+
+        def noise_of(variates):
             def estimate(client, theta, probe_key):
                 minibatch = draw_minibatch(probe_key, data, client, self.batch_size)
                 if variates is None:
-                    value = dsgld_gradient(flat_model, theta, minibatch, weights[client])
+                    value = estimators.client_gradient(flat_model, theta, minibatch)
                 else:
-                    value = estimators.dsgld_gradient_with_control_variates(
-                        flat_model, theta, minibatch, weights[client], client, variates)
-                if conducive is not None:
-                    value = value + conducive(theta, client)
+                    value = estimators.control_variate_gradient(
+                        flat_model, theta, minibatch, client, variates)
+                if surrogate_term is not None:
+                    value = value + surrogate_term(theta, client)
                 return value
 
-            within, means = _client_noise(estimate, int(weights.shape[0]), center, precision,
-                                          jax.random.fold_in(key, 11), flat_model.dim)
-            return step_size_module.noise_covariance(np.asarray(weights), within, means,
-                                                     self.local_steps)
+            within, means = _client_noise(estimate, int(proportional.shape[0]), center,
+                                          precision, jax.random.fold_in(key, 11), flat_model.dim)
+            return step_size_module.ClientNoise(within=within, means=means)
 
-        use = self.control_variates
         precision = np.asarray(precision)
-        variates = None
-        if use is None and self.step_size == "auto":
-            variates = candidate()
-            plain = step_size_module.choose_step_size(precision, covariance_of(None),
-                                                      self.step_size_tolerance)
-            with_variates = step_size_module.choose_step_size(
-                precision, covariance_of(variates), self.step_size_tolerance)
-            use = with_variates.step_size > 2.0 * plain.step_size
-            info["control_variates_step_gain"] = with_variates.step_size / plain.step_size
-        use = bool(use)
-        variates = (variates or candidate()) if use else None
-        info["control_variates"] = use
+        automatic = self.step_size == "auto"
+        kind = self._variates_kind()
+        # automatic: none or the global anchor. Client anchors lost to the global one
+        # wherever measured (benchmarks/bench_auto_step.py --variance-reduction: FSGLD on
+        # Exam by school 468x against 9.9x the step size of none, on Contraception by
+        # district 246x against 3.6x; DSGLD 1.08x / 1.35x against 1.08x / 1.30x): at the
+        # global posterior a client's own mode is far from theta for heterogeneous clients,
+        # and the noise of a control variate grows with |theta - theta*|
+        kinds = [kind or "none"] if (kind or not automatic) else ["none", "global"]
+        selection = self.client_selection
+        if selection is None:
+            selection = None if automatic and not federation.weights_given else "proportional"
+
+        def choose(noise):
+            """(f_s or None, h under "auto") for one anchor's noise statistics."""
+            candidates = {"proportional": None}
+            if selection in (None, "variance"):
+                candidates["variance"] = step_size_module.variance_weights(
+                    noise, proportional, self.local_steps)
+            steps = {name: step_size_module.choose_step_size(
+                precision, step_size_module.scaled_noise_covariance(
+                    proportional if f is None else f, noise, self.local_steps),
+                self.step_size_tolerance).step_size for name, f in candidates.items()}
+            if selection is None:
+                gain = steps["variance"] / steps["proportional"]
+                name = "variance" if gain >= 1.25 else "proportional"
+            else:
+                name = selection
+            return candidates[name], steps[name], steps
+
+        noises, chosen = {}, {}
+        for candidate in kinds:
+            variates = variates_of(candidate)
+            noises[candidate] = (variates, noise_of(variates))
+            chosen[candidate] = choose(noises[candidate][1])
+        if len(kinds) > 1:
+            plain = chosen["none"][1]
+            info["control_variates_step_gain"] = {
+                k: chosen[k][1] / plain for k in kinds if k != "none"}
+            best = max(kinds[1:], key=lambda k: chosen[k][1])
+            kind = best if chosen[best][1] > 2.0 * plain else "none"
+        else:
+            kind = kinds[0]
+        variates, noise = noises[kind]
+        client_weights, _, steps = chosen[kind]
+        if "variance" in steps:
+            info["client_selection_step_gain"] = steps["variance"] / steps["proportional"]
+        info["control_variates"] = False if kind == "none" else kind
+        info["client_selection"] = "proportional" if client_weights is None else "variance"
+        if client_weights is not None:
+            info["client_weights"] = client_weights.tolist()
+        covariance = step_size_module.scaled_noise_covariance(
+            proportional if client_weights is None else client_weights, noise, self.local_steps)
         step_size = _step_size_choice(self.step_size, self.step_size_tolerance, precision,
-                                      covariance_of(variates), self.name, info)
-        return step_size, variates
+                                      covariance, self.name, info)
+        return step_size, variates, client_weights
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
@@ -530,6 +640,9 @@ class FSGLD(DSGLD):
     surrogate_draws, surrogate_burn_in, surrogate_step_size:
         The ``"sgld"`` surrogate's K draws (3000 in the paper), burn-in and
         step size (default: ``step_size``).
+    step_size_tolerance, control_variates, client_selection:
+        As for :class:`DSGLD` (the noise they measure is that of FSGLD's estimator,
+        conducive gradient included).
 
     Far from the surrogates' modes
     ------------------------------
@@ -570,11 +683,12 @@ class FSGLD(DSGLD):
         trust_radius: Any = "auto",
         noise: bool = True,
         step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
-        control_variates: Optional[bool] = None,
+        control_variates: Any = None,
+        client_selection: Optional[str] = None,
     ):
         super().__init__(step_size, batch_size, local_steps, noise=noise,
                          step_size_tolerance=step_size_tolerance,
-                         control_variates=control_variates)
+                         control_variates=control_variates, client_selection=client_selection)
         if isinstance(surrogate, str):
             if surrogate not in ("exact", "laplace", "sgld"):
                 raise ValueError(
@@ -602,10 +716,21 @@ class FSGLD(DSGLD):
         return self._fit(flat_model, federation, flat_model.ravel(init), key)
 
     def _fit(self, flat_model, federation, theta0, key):
+        return self._fit_with_modes(flat_model, federation, theta0, key)[0]
+
+    def _fit_with_modes(self, flat_model, federation, theta0, key):
+        """(surrogates, the clients' Laplace modes (S, d), or a function that finds them when
+        the surrogates are not Laplace fits)."""
+        def find_modes():
+            return surrogate_module.fit_laplace(flat_model, federation, theta0,
+                                                with_modes=True)[1]
+
         if not isinstance(self.surrogate, str):
             return surrogate_module.as_surrogates(
-                self.surrogate, flat_model.dim, federation.num_clients
-            )
+                self.surrogate, flat_model.dim, federation.num_clients), find_modes
+        if self.surrogate == "laplace":
+            return surrogate_module.fit_laplace(flat_model, federation, theta0, self.diagonal,
+                                                with_modes=True)
         step = self.surrogate_step_size
         if step is None:
             if self.step_size == "auto" and self.surrogate == "sgld":
@@ -624,7 +749,7 @@ class FSGLD(DSGLD):
             batch_size=self.batch_size,
             draws=self.surrogate_draws,
             burn_in=self.surrogate_burn_in,
-        )
+        ), find_modes
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
@@ -665,7 +790,7 @@ class FSGLD(DSGLD):
     def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
         settings = self._resolve(flat_model, federation, data, weights, key, theta0, info)
         return fsgld.build_kernel(
-            flat_model, data, weights, self.batch_size, self.local_steps,
+            flat_model, data, _weights_of(settings, weights), self.batch_size, self.local_steps,
             as_schedule(settings.step_size), settings.surrogates, settings.global_surrogate,
             fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise,
             settings.trust_region, control_variates=settings.variates,
@@ -692,13 +817,15 @@ class FSGLD(DSGLD):
             surrogate_draws=self.surrogate_draws, surrogate_burn_in=self.surrogate_burn_in,
             surrogate_step_size=self.surrogate_step_size, trust_radius=radius,
             radius_probes_per_client=self.radius_probes_per_client, noise=self.noise,
-            divergence_threshold=self.divergence_threshold, anchor=anchor)
+            divergence_threshold=self.divergence_threshold, anchor=anchor,
+            client_weights=settings.client_weights)
 
     def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> "_Settings":
         """The run's settings: surrogates (re-expanded at the global mode under "auto"),
         ``"auto"``, the control variates and the trust region resolved."""
         started = time.perf_counter()
-        surrogates = self._fit(flat_model, federation, theta0, key)
+        self._check_selection(federation)
+        surrogates, modes = self._fit_with_modes(flat_model, federation, theta0, key)
         if self.step_size == "auto" and self.surrogate == "laplace":
             # "auto" re-expands the clients' Laplace surrogates at the global mode (a few
             # Newton rounds, d + d^2 floats per client each): on small, heterogeneous clients
@@ -720,11 +847,16 @@ class FSGLD(DSGLD):
         )
         trust_region = None
         center, metric = surrogate_module.laplace_of_product(flat_model, surrogates, theta0)
-        terms = conducive_terms(surrogates, global_surrogate, weights)
-        step_size, variates = self._resolve_noise(
-            flat_model, federation, data, weights, center, metric, key,
-            lambda theta, client: self.alpha * conducive_gradient_from_terms(theta, client, terms),
-            info)
+
+        def surrogate_term(theta, client):
+            # the client's part of the conducive gradient, before the 1/f_s: -alpha grad log q_s
+            return -self.alpha * surrogate_module.grad_log_surrogate(
+                surrogates.precision[client], surrogates.shift[client], theta)
+
+        step_size, variates, chosen = self._resolve_noise(
+            flat_model, federation, data, weights, center, metric, key, surrogate_term, info,
+            modes)
+        weights = _weights_of(_Settings(step_size, client_weights=chosen), weights)
         if self.trust_radius is not None:
             radius = self.trust_radius
             if radius == "auto":
@@ -736,4 +868,5 @@ class FSGLD(DSGLD):
         else:
             info["trust_radius"] = None
         return _Settings(step_size=step_size, variates=variates, surrogates=surrogates,
-                         global_surrogate=global_surrogate, trust_region=trust_region)
+                         global_surrogate=global_surrogate, trust_region=trust_region,
+                         client_weights=chosen)

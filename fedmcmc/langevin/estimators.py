@@ -22,6 +22,8 @@ __all__ = [
     "client_gradient",
     "dsgld_gradient",
     "ControlVariates",
+    "anchor_of",
+    "control_variate_gradient",
     "dsgld_gradient_with_control_variates",
     "conducive_gradient",
     "ConduciveTerms",
@@ -65,26 +67,42 @@ def dsgld_gradient(flat_model: FlatModel, theta, minibatch: Minibatch, client_we
 
 
 class ControlVariates(NamedTuple):
-    """Control variates of the minibatch estimator (issue 15): an ``anchor`` theta* known to
-    every client and each client's full-data likelihood gradient there, computed by the
-    client on its own rows (``anchor_gradients[s]``; on a real deployment it never leaves
-    the client)."""
+    """Control variates of the minibatch estimator (issue 15): an anchor theta* and each
+    client's full-data likelihood gradient there, computed by the client on its own rows
+    (``anchor_gradients[s]``; on a real deployment it never leaves the client).
 
-    anchor: jax.Array  # (d,)
-    anchor_gradients: jax.Array  # (S, d): grad log p(x_s | theta*), each client's own
+    ``anchor``: (d,), one anchor known to every client (the mode of the product of the
+    clients' Laplace fits: ``control_variates="global"``), or (S, d), each client's own
+    (its Laplace fit's mode, which it already has: ``control_variates="client"``)."""
+
+    anchor: jax.Array  # (d,) or (S, d)
+    anchor_gradients: jax.Array  # (S, d): grad log p(x_s | theta*_s), each client's own
+
+
+def anchor_of(variates: ControlVariates, client):
+    """Client ``client``'s anchor theta*_s (the shared one, or its own)."""
+    return variates.anchor if variates.anchor.ndim == 1 else variates.anchor[client]
+
+
+def control_variate_gradient(flat_model: FlatModel, theta, minibatch: Minibatch, client,
+                             variates: ControlVariates):
+    """``G_s + (N_s/m_s) sum_j (grad log p(x_j|theta) - grad log p(x_j|theta*_s))``: unbiased
+    for the client's full-data gradient grad log p(x_s|theta) (the minibatch sum has
+    expectation grad log p(x_s|theta) - G_s), with noise that vanishes at theta*_s and grows
+    with ``|theta - theta*_s|`` only, instead of with the spread of the rows' gradients."""
+    difference = likelihood_gradient(flat_model, theta, minibatch) - likelihood_gradient(
+        flat_model, anchor_of(variates, client), minibatch)
+    return variates.anchor_gradients[client] + difference
 
 
 def dsgld_gradient_with_control_variates(flat_model: FlatModel, theta, minibatch: Minibatch,
                                          client_weight, client, variates: ControlVariates):
-    """Equation (4) with control variates at theta* (as in Baker et al.'s SGLD-CV):
-    grad log p(theta) + (1/f_s) [G_s + (N_s/m_s) sum_j (grad log p(x_j|theta) - grad log p(x_j|theta*))],
-    G_s = grad log p(x_s | theta*). Unbiased like (4) (the bracket's minibatch sum has
-    expectation grad log p(x_s|theta) - G_s); its noise vanishes at theta* and grows with
-    ``|theta - theta*|`` only, instead of with the spread of the rows' gradients."""
-    difference = likelihood_gradient(flat_model, theta, minibatch) - likelihood_gradient(
-        flat_model, variates.anchor, minibatch)
-    return flat_model.grad_log_prior(theta) + (
-        variates.anchor_gradients[client] + difference) / client_weight
+    """Equation (4) with control variates at theta*_s (as in Baker et al.'s SGLD-CV):
+    grad log p(theta) + (1/f_s) [G_s + (N_s/m_s) sum_j (grad log p(x_j|theta) - grad log p(x_j|theta*_s))],
+    G_s = grad log p(x_s | theta*_s) (:func:`control_variate_gradient`). Unbiased like (4)
+    for any anchor."""
+    return flat_model.grad_log_prior(theta) + control_variate_gradient(
+        flat_model, theta, minibatch, client, variates) / client_weight
 
 
 def conducive_gradient(
@@ -118,7 +136,13 @@ def conducive_terms(surrogates: GaussianSurrogates, global_surrogate: ProductSur
     A step then needs one matrix-vector product with M_s instead of one with P and one
     with P_s, and no separate combination: :func:`conducive_gradient_from_terms`.
     """
-    weights = jnp.asarray(client_weights, surrogates.shift.dtype)
+    return _conducive_terms(surrogates, global_surrogate,
+                            jnp.asarray(client_weights, surrogates.shift.dtype))
+
+
+@jax.jit
+def _conducive_terms(surrogates, global_surrogate, weights) -> ConduciveTerms:
+    # one compiled program instead of an op-by-op set-up
     per_client = weights.reshape((-1,) + (1,) * (surrogates.precision.ndim - 1))
     return ConduciveTerms(
         precision=global_surrogate.precision[None] - surrogates.precision / per_client,

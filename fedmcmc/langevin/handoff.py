@@ -44,8 +44,12 @@ class DSGLDProtocol(HandoffProtocol):
     name = "DSGLD"
 
     def __init__(self, step_size, batch_size: int, local_steps: int, noise: bool = True,
-                 divergence_threshold: float = 1e10, anchor=None):
+                 divergence_threshold: float = 1e10, anchor=None, client_weights=None):
+        # anchor: (d,) shared by every client, or (S, d): each client's own
         self.anchor = None if anchor is None else np.asarray(anchor)
+        # the scheduler's f_s when the set-up chose them (client_selection="variance")
+        self.client_weights = None if client_weights is None else np.asarray(
+            client_weights, np.float64)
         self.step_size = step_size
         self.schedule = as_schedule(step_size)  # outside the compiled visit: it checks h
         self.batch_size = int(batch_size)
@@ -53,11 +57,20 @@ class DSGLDProtocol(HandoffProtocol):
         self.noise = bool(noise)
         self.divergence_threshold = float(divergence_threshold)
 
+    def scheduler_weights(self, federation_weights):
+        """The f_s the set-up chose (``client_selection``), else the federation's."""
+        if self.client_weights is None:
+            return federation_weights
+        return self.client_weights
+
     # ------------------------------------------------------------------ control variates
-    # With an ``anchor`` theta* (the global Laplace mode the driver's "auto" set-up chose),
-    # each client computes its full-data gradient there once and keeps it: the estimator of
-    # ``estimators.dsgld_gradient_with_control_variates`` then runs on the client, and only
-    # theta* (d floats) travels.
+    # With an ``anchor`` theta* (the global Laplace mode the driver's "auto" set-up chose, or
+    # each client's own mode), each client computes its full-data gradient there once and
+    # keeps it: the estimator of ``estimators.dsgld_gradient_with_control_variates`` then
+    # runs on the client, and only theta* (d floats) travels.
+    def _anchor_for(self, client: int):
+        return self.anchor if self.anchor.ndim == 1 else self.anchor[client]
+
     def client_anchor_gradient(self, context: ClientContext, anchor) -> int:
         """grad log p(x_s | theta*) on this client's rows, kept here; replies the index."""
         flat_model, rows = context.flat_model, context.data.data
@@ -67,9 +80,8 @@ class DSGLDProtocol(HandoffProtocol):
 
     def _prepare_variates(self, server: ServerSide) -> None:
         if self.anchor is not None:
-            anchor = self.anchor
-            server.ask("anchor_gradient", lambda s: (anchor,), None)
-            server.info["control_variates"] = True
+            server.ask("anchor_gradient", lambda s: (self._anchor_for(s),), None)
+            server.info["control_variates"] = "global" if self.anchor.ndim == 1 else "client"
 
     def _variates(self, parameters):
         if "anchor" not in parameters:
@@ -82,11 +94,11 @@ class DSGLDProtocol(HandoffProtocol):
         return None
 
     def client_parameters(self, server, prepared, weights, clients):
-        return [self._with_anchor({"weight": np.float32(weights[s])}) for s in clients]
+        return [self._with_anchor({"weight": np.float32(weights[s])}, s) for s in clients]
 
-    def _with_anchor(self, entry: Dict[str, Any]) -> Dict[str, Any]:
+    def _with_anchor(self, entry: Dict[str, Any], client: int) -> Dict[str, Any]:
         if self.anchor is not None:
-            entry["anchor"] = self.anchor
+            entry["anchor"] = self._anchor_for(client)
         return entry
 
     def complete_parameters(self, context, parameters):
@@ -122,8 +134,9 @@ class FSGLDProtocol(DSGLDProtocol):
                  alpha_warmup: int, diagonal: Optional[bool], surrogate_draws: int,
                  surrogate_burn_in: int, surrogate_step_size: Optional[float], trust_radius,
                  radius_probes_per_client: int, noise: bool = True,
-                 divergence_threshold: float = 1e10, anchor=None):
-        super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold, anchor)
+                 divergence_threshold: float = 1e10, anchor=None, client_weights=None):
+        super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold, anchor,
+                         client_weights)
         self.surrogate = surrogate
         self.alpha = float(alpha)
         self.alpha_warmup = int(alpha_warmup)
@@ -252,7 +265,7 @@ class FSGLDProtocol(DSGLDProtocol):
         for s in kept.tolist():
             entry = self._with_anchor({"weight": np.float32(weights[s]),
                                        "global_precision": global_surrogate[0],
-                                       "global_shift": global_surrogate[1]})
+                                       "global_shift": global_surrogate[1]}, s)
             if given:
                 entry["precision"] = np.asarray(surrogates.precision[s])
                 entry["shift"] = np.asarray(surrogates.shift[s])

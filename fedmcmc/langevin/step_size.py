@@ -38,6 +38,7 @@ Inputs, computed where the data are (a few floats per client, never rows):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import jax
@@ -51,6 +52,10 @@ __all__ = [
     "laplace_points",
     "client_noise",
     "noise_covariance",
+    "ClientNoise",
+    "scaled_noise_covariance",
+    "variance_weights",
+    "VARIANCE_WEIGHTS_FLOOR",
     "choose_step_size",
     "predict",
 ]
@@ -59,6 +64,8 @@ __all__ = [
 FULL_MOMENTS_MAX_DIM = 200
 #: default bound on both the minibatch-noise and the discretisation ratio
 DEFAULT_TOLERANCE = 0.05
+#: client_selection="variance" keeps f_s >= this fraction of the size-proportional N_s / N
+VARIANCE_WEIGHTS_FLOOR = 0.25
 
 
 class StepSizeChoice(NamedTuple):
@@ -78,6 +85,7 @@ class StepSizeChoice(NamedTuple):
         }
 
 
+@functools.partial(jax.jit, static_argnames="count")
 def laplace_points(center, precision, key, count: int):
     """``count`` draws of N(center, precision^{-1}): where the noise is measured (the noise of
     an estimator with control variates vanishes at the centre itself)."""
@@ -125,6 +133,59 @@ def noise_covariance(weights, within, means, local_steps: int = 1):
         return np.einsum("s,sij->ij", w, within) + local_steps * between
     between_trace = float(w @ np.sum(offsets * offsets, axis=1))
     return np.eye(dim) * max(float(w @ within) + local_steps * between_trace, 0.0)
+
+
+class ClientNoise(NamedTuple):
+    """Each client's statistics of the *unscaled* part of its estimator, ``r_s`` (the estimator
+    is ``a(theta) + r_s(theta) / f_s``, with ``a`` the same for every client: the prior's
+    gradient, and FSGLD's ``alpha grad log q``; ``r_s`` the client's minibatch gradient, with
+    its control variates, minus FSGLD's ``alpha grad log q_s``). Nothing in it depends on
+    f_s, so the noise of any choice of f_s follows (:func:`scaled_noise_covariance`)."""
+
+    within: np.ndarray  # (S, d, d) covariance of r_s, averaged over Laplace draws; or (S,) traces
+    means: np.ndarray  # (S, d): E r_s at the Laplace centre
+
+
+def scaled_noise_covariance(weights, noise: ClientNoise, local_steps: int = 1):
+    """:func:`noise_covariance` of the estimator ``a + r_s / f_s`` for the probabilities
+    ``weights`` (f_s), from the unscaled statistics: ``Cov_s = W_s / f_s^2`` and
+    ``m_s = a + mu_s / f_s`` (``a`` cancels in the spread between clients)."""
+    w = np.asarray(weights, np.float64)
+    w = w / w.sum()
+    within = np.asarray(noise.within, np.float64)
+    scale = 1.0 / w ** 2
+    within = within * scale.reshape((-1,) + (1,) * (within.ndim - 1))
+    return noise_covariance(w, within, np.asarray(noise.means, np.float64) / w[:, None],
+                            local_steps)
+
+
+def variance_weights(noise: ClientNoise, proportional, local_steps: int = 1,
+                     floor: float = VARIANCE_WEIGHTS_FLOOR) -> np.ndarray:
+    """Client selection probabilities f_s that lower the estimator's noise (issue 15).
+
+    The scheduler's f_s is free as long as the estimator divides by the same f_s (it stays
+    unbiased). With the unscaled statistics ``W_s``, ``mu_s`` (:class:`ClientNoise`) the trace
+    of ``C = C_within + K C_between`` is ``sum_s (tr W_s + K |mu_s|^2) / f_s - K |sum_s mu_s|^2``,
+    which is smallest for ``f_s* proportional to sqrt(tr W_s + K |mu_s|^2)`` (Cauchy-Schwarz),
+    the importance-sampling rule: a client is visited as often as its share of the noise.
+    Returned: ``(1 - floor) f* + floor * proportional``, so that no client falls below
+    ``floor`` times its size-proportional share (``proportional``: N_s / N). A client's term
+    in the estimator, its minibatch gradient and its curvature ``H_s / f_s`` during a visit,
+    then grows at most ``1 / floor`` times against the default, which keeps the chain within
+    the stability margin ``"auto"`` leaves (the discretisation ratio is at most the tolerance,
+    0.05 by default, against a limit of 1)."""
+    if not 0.0 < floor <= 1.0:
+        raise ValueError(f"floor must be in (0, 1], got {floor}")
+    proportional = np.asarray(proportional, np.float64)
+    proportional = proportional / proportional.sum()
+    within = np.asarray(noise.within, np.float64)
+    traces = within if within.ndim == 1 else np.trace(within, axis1=1, axis2=2)
+    means = np.asarray(noise.means, np.float64)
+    share = np.sqrt(np.maximum(traces, 0.0) + local_steps * np.sum(means * means, axis=1))
+    if not np.all(np.isfinite(share)) or share.sum() <= 0:
+        return proportional
+    weights = (1.0 - floor) * share / share.sum() + floor * proportional
+    return weights / weights.sum()
 
 
 def _extreme_eigenvalues(matrix) -> tuple:

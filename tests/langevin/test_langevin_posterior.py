@@ -181,3 +181,57 @@ def test_linear_regression_posterior_dsgld_minibatch():
         )
         figures = check_gaussian_moments(result.flat_samples(), mean, covariance, extra_var_rtol=0.08)
         assert figures["ok"], (algorithm, figures)
+
+
+# ------------------------------------------------------------ variance-chosen client selection
+
+
+def test_variance_chosen_client_selection_keeps_the_posterior():
+    """``client_selection="variance"`` (issue 15): f_s chosen to lower the estimator's noise,
+    with the estimator's 1/f_s scaled by the same f_s. The chain's stationary law is then the
+    closed form for those f_s (DSGLD, one local step); a kernel that draws clients with the
+    chosen f_s but scales by the size-proportional ones is rejected by the same check."""
+    federation = gaussian_federation(sizes=(8, 60, 20, 120))
+    mean, _ = gaussian_posterior(federation)
+    probe = fm.sample(GAUSSIAN_MODEL, federation,
+                      fm.DSGLD(step_size=1e-6, batch_size=10, local_steps=1,
+                               client_selection="variance"),
+                      init=jnp.zeros(DIM), num_samples=2, burn_in=0, chains=1, seed=0,
+                      progress=False)
+    chosen = np.asarray(probe.info["client_weights"])
+    assert probe.info["client_selection"] == "variance"
+    proportional = federation.weights
+    assert np.all(chosen >= 0.25 * proportional - 1e-12) and abs(chosen.sum() - 1) < 1e-9
+    assert np.max(np.abs(chosen / proportional - 1)) > 0.1  # a real change of f_s
+    as_chosen = fm.Federation(federation.clients, weights=chosen)
+    # the chosen f_s lower the noise the closed form predicts, hence a larger h for the same
+    # inflation: that is what the selection is for
+    assert (gradient_noise_variance(as_chosen, "dsgld", 10).max()
+            < gradient_noise_variance(federation, "dsgld", 10).max())
+    h = step_size_for(as_chosen, "dsgld", batch_size=10)
+    variance = expected_variance(as_chosen, "dsgld", h, batch_size=10)
+    algorithm = fm.DSGLD(step_size=h, batch_size=10, local_steps=1, client_selection="variance")
+    draws = sample_gaussian(algorithm, federation, h)
+    figures = check_gaussian_moments(draws, mean, np.diag(variance))
+    assert figures["ok"], figures
+
+    class MismatchedScaling(DSGLD):
+        def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
+            return dsgld.build_kernel(
+                flat_model, data, jnp.asarray(chosen, jnp.float32), self.batch_size,
+                self.local_steps, lambda t: h + 0.0 * t, weight_scaling=weights)
+
+    draws = sample_gaussian(MismatchedScaling(step_size=h, batch_size=10, local_steps=1),
+                            federation, h)
+    assert not check_gaussian_moments(draws, mean, np.diag(variance))["ok"]
+
+
+def test_variance_selection_refuses_user_weights():
+    federation = fm.Federation(gaussian_federation().clients, weights=[0.25] * 4)
+    with pytest.raises(ValueError, match="client_selection"):
+        fm.sample(GAUSSIAN_MODEL, federation,
+                  fm.DSGLD(step_size=1e-4, batch_size=10, local_steps=1,
+                           client_selection="variance"),
+                  init=jnp.zeros(DIM), num_samples=2, burn_in=0, chains=1, seed=0)
+    with pytest.raises(ValueError, match="client_selection"):
+        fm.DSGLD(step_size=1e-4, batch_size=10, local_steps=1, client_selection="size")
