@@ -392,11 +392,14 @@ def sample_handoff(
     specs = [(HandoffClient, (s, sources[s], model, init, protocol, spec))
              for s in range(num_clients)]
     # fault_injection (tests only): the transport makes one client crash or hang
+    phases = {}  # the set-up's phases in seconds (info["setup_phases"])
+    phase_started = time.perf_counter()
     transport = with_fault_injection(make_transport(specs), fault_injection, "visit")
     try:
         # from_loaders: each client loaded its rows in its own process; the driver learns
         # their sizes (hence the default f_s) from the clients' descriptions
         federation = describe_federation(transport, federation, model, init)
+        phases["clients_started"] = time.perf_counter() - phase_started
         weights = np.asarray(protocol.scheduler_weights(federation.weights), np.float64)
         transport.audit = bool(audit_messages)
         setup_started = time.perf_counter()
@@ -410,6 +413,7 @@ def sample_handoff(
         server = ServerSide(ask=ask, flat_model=flat_model, theta0=theta0,
                             num_clients=num_clients, seed=int(seed), info=info)
         prepared = protocol.prepare(server)
+        phases["prepare"] = time.perf_counter() - setup_started
 
         def configure(current_weights: np.ndarray) -> None:
             kept = [s for s in range(num_clients) if current_weights[s] > 0]
@@ -421,10 +425,13 @@ def sample_handoff(
                 transport, [transport.call(s, "configure", p) for s, p in zip(kept, parameters)],
                 timeout[0])
 
+        configure_started = time.perf_counter()
         configure(weights)
+        phases["configure"] = time.perf_counter() - configure_started
         timeout[0] = visit_timeout  # after a drop, reconfiguring is bounded like a visit
         info["client_locations"] = call_all(transport, "location")
         info["setup_time"] = time.perf_counter() - setup_started
+        info["setup_phases"] = phases
         total = burn_in + num_samples
         server = HandoffServer(
             transport, weights=weights, initial_carry=protocol.init_carry(theta0),

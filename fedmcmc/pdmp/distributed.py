@@ -229,11 +229,13 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
     specs = [(BroadcastClient, (m, sources[m], model, init, functions, M, seed))
              for m in range(M)]
     # fault_injection (tests only): the transport makes one worker crash or hang at a proposal
+    phase_started = time.perf_counter()
     transport = with_fault_injection(make_transport(specs), options.get("fault_injection"),
                                      "respond")
     try:
         # from_loaders: the workers loaded their rows themselves and report their sizes
         federation = describe_federation(transport, federation, model, init)
+        phases = {"clients_started": time.perf_counter() - phase_started}
         transport.audit = bool(options.get("audit_messages", False))
         setup_started = time.perf_counter()
         flat_model = model.flatten(_float64(init))
@@ -249,14 +251,17 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
         cfg, fed_states, k_run, info = (built.config, built.initial_states, built.key,
                                         built.info)
         protocol, prior_part, workers = built.protocol, built.prior_part, built.workers
+        phases["prepare"] = time.perf_counter() - setup_started
+        configure_started = time.perf_counter()
         gather_before_sampling(transport, [
             transport.call(m, "configure", cfg, prior_part, float(workers.rho[m]),
                            float(workers.cv_weight[m])) for m in range(M)], None)
+        phases["configure"] = time.perf_counter() - configure_started
         locations = call_all(transport, "location")
         info.update(
             engine=engine_label, on_client_failure=policy, visit_timeout=timeout,
             client_locations=locations,
-            setup_time=time.perf_counter() - setup_started,
+            setup_time=time.perf_counter() - setup_started, setup_phases=phases,
             newton_rounds_messages=access.newton_rounds)
         draw = BroadcastDraw(transport, cfg.num_workers, cfg.max_iterations_per_draw,
                              cfg.rate_diagnostics, protocol, timeout, policy)

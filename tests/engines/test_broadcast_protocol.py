@@ -53,6 +53,7 @@ def test_the_broadcast_engine_gives_the_in_process_draws(algorithm):
     np.testing.assert_array_equal(distributed.flat_samples(), local.flat_samples())
     audit = distributed.info["client_message_audit"]
     assert {method for _, method, _ in audit} >= {"setup", "respond"}
+    assert set(distributed.info["setup_phases"]) == {"clients_started", "prepare", "configure"}
     # every array a worker sends is per chain (2), per coordinate (2) or a 2 x 2 Hessian,
     # never its rows (every worker holds at least 3)
     for _, method, arrays in audit:

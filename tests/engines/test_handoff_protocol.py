@@ -169,6 +169,8 @@ def test_the_carry_travels_between_clients():
     expected = 2.0 * np.arange(1, 11)
     np.testing.assert_array_equal(result.flat_samples()[..., 0], np.stack([expected] * 2))
     assert len(set(result.sample_stats["client"].ravel().tolist())) > 1
+    # the set-up's phases are reported (issue 18)
+    assert set(result.info["setup_phases"]) == {"clients_started", "prepare", "configure"}
 
 
 def test_protocol_errors_are_clear():
