@@ -191,8 +191,10 @@ def run_chains(
         return states, np.asarray(draws)[:count], {k: np.asarray(v)[:count]
                                                    for k, v in stats.items()}
 
-    dim = int(np.asarray(jax.eval_shape(
-        position, jax.tree_util.tree_map(lambda x: x[0], initial_states)).shape[0]))
+    # shapes only: indexing the states eagerly compiled one small program per leaf shape
+    dim = int(jax.eval_shape(
+        lambda states: position(jax.tree_util.tree_map(lambda x: x[0], states)),
+        initial_states).shape[0])
     return drive(advance, initial_states, chains=chains, draw_dim=dim, burn_in=burn_in,
                  num_samples=num_samples, start_draw=start_draw, chunk_size=chunk_size,
                  divergence_threshold=divergence_threshold, progress=progress, label=label,

@@ -39,6 +39,7 @@ from ..algorithm import (
 )
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
+from ..model import unravel_draws_numpy
 from ..results import SamplingDivergedError, assemble_result, divergence_details, diverged_error
 from .distributed import sample_pdmp
 from . import federated, privacy as privacy_module
@@ -592,8 +593,7 @@ class _FedPDMP(Algorithm):
 
         result = assemble_result(
             run, algorithm=self.name, info=info, dim=d, thin=None,  # draws are not iterations
-            unravel=lambda draws: out_model.unravel_draws(
-                jnp.asarray(np.asarray(draws)[..., :d], dtype=out_model.dtype)))
+            unravel=lambda draws: unravel_draws_numpy(out_model, np.asarray(draws)[..., :d]))
         if run.diverged.any():
             raise diverged_error(
                 self.name, result, divergence_details(run, thin=None),
