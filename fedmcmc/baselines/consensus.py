@@ -43,7 +43,9 @@ from ..model import FlatModel
 __all__ = [
     "SubposteriorStates",
     "subposterior_log_density",
+    "build_client_warmup",
     "build_warmup",
+    "build_client_transition",
     "untuned_states",
     "build_kernel",
     "combine",
@@ -74,15 +76,15 @@ def subposterior_log_density(flat_model: FlatModel, num_clients: int) -> Callabl
     return log_density
 
 
-def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
-                 target_acceptance_rate: float = 0.8) -> Callable:
-    """``(key, theta0 (d,)) -> SubposteriorStates``: window adaptation (diagonal mass
-    matrix, step size) of NUTS on every client's subposterior for ``num_steps`` steps,
-    all clients vmapped; client s's warm-up uses ``split(key, S)[s]``."""
+def build_client_warmup(flat_model: FlatModel, num_clients: int, num_steps: int,
+                        target_acceptance_rate: float = 0.8) -> Callable:
+    """``(key, data_s, mask_s, theta0) -> (NUTS state, step size, inverse mass)``: one
+    client's window adaptation (diagonal mass matrix, step size) of NUTS on its subposterior
+    p(x_s | theta) p(theta)^(1/S), ``num_steps`` steps from ``theta0``, on its own rows
+    (``mask_s``: 1 on its rows, 0 on padding)."""
     import blackjax
     from blackjax.adaptation.base import get_filter_adapt_info_fn
 
-    num_clients = int(padded.mask.shape[0])
     log_density = subposterior_log_density(flat_model, num_clients)
 
     def one(key, data, mask, theta0):
@@ -92,6 +94,16 @@ def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
             adaptation_info_fn=get_filter_adapt_info_fn())
         (state, parameters), _ = adaptation.run(key, theta0, num_steps=num_steps)
         return state, parameters["step_size"], parameters["inverse_mass_matrix"]
+
+    return one
+
+
+def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
+                 target_acceptance_rate: float = 0.8) -> Callable:
+    """``(key, theta0 (d,)) -> SubposteriorStates``: :func:`build_client_warmup` on every
+    client's subposterior, all clients vmapped; client s's warm-up uses ``split(key, S)[s]``."""
+    num_clients = int(padded.mask.shape[0])
+    one = build_client_warmup(flat_model, num_clients, num_steps, target_acceptance_rate)
 
     def warmup(key, theta0):
         keys = jax.random.split(key, num_clients)
@@ -129,14 +141,14 @@ def untuned_states(flat_model: FlatModel, padded: PaddedData, theta0: jax.Array,
     )
 
 
-def build_kernel(flat_model: FlatModel, padded: PaddedData, max_num_doublings: int = 10
-                 ) -> Callable:
-    """``step(key, states) -> states``: one NUTS transition of every client's chain on its
-    subposterior (client s uses ``split(key, S)[s]``)."""
+def build_client_transition(flat_model: FlatModel, num_clients: int,
+                            max_num_doublings: int = 10) -> Callable:
+    """``(key, position, logdensity, grad, step_size, inverse_mass, data_s, mask_s) ->
+    (NUTS state, divergent, acceptance rate)``: one NUTS transition of one client's chain
+    on its subposterior, on its own rows."""
     import blackjax
     from blackjax.mcmc.hmc import HMCState
 
-    num_clients = int(padded.mask.shape[0])
     log_density = subposterior_log_density(flat_model, num_clients)
     nuts = blackjax.nuts.build_kernel()
 
@@ -145,6 +157,16 @@ def build_kernel(flat_model: FlatModel, padded: PaddedData, max_num_doublings: i
         state, info = nuts(key, HMCState(position, logdensity, grad), target, step_size,
                            inverse_mass, max_num_doublings=max_num_doublings)
         return state, info.is_divergent, info.acceptance_rate
+
+    return one
+
+
+def build_kernel(flat_model: FlatModel, padded: PaddedData, max_num_doublings: int = 10
+                 ) -> Callable:
+    """``step(key, states) -> states``: one NUTS transition (:func:`build_client_transition`)
+    of every client's chain on its subposterior (client s uses ``split(key, S)[s]``)."""
+    num_clients = int(padded.mask.shape[0])
+    one = build_client_transition(flat_model, num_clients, max_num_doublings)
 
     def step(key: jax.Array, states: SubposteriorStates) -> SubposteriorStates:
         keys = jax.random.split(key, num_clients)
