@@ -44,6 +44,7 @@ __all__ = [
     "SubposteriorStates",
     "subposterior_log_density",
     "build_client_warmup",
+    "build_chains_warmup",
     "build_warmup",
     "build_client_transition",
     "untuned_states",
@@ -98,25 +99,48 @@ def build_client_warmup(flat_model: FlatModel, num_clients: int, num_steps: int,
     return one
 
 
-def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
-                 target_acceptance_rate: float = 0.8) -> Callable:
-    """``(key, theta0 (d,)) -> SubposteriorStates``: :func:`build_client_warmup` on every
-    client's subposterior, all clients vmapped; client s's warm-up uses ``split(key, S)[s]``."""
-    num_clients = int(padded.mask.shape[0])
+def build_chains_warmup(flat_model: FlatModel, num_clients: int, num_steps: int,
+                        target_acceptance_rate: float = 0.8) -> Callable:
+    """``(keys (chains,), client, data_s, mask_s, theta0) -> (position, logdensity,
+    logdensity_grad, step_size, inverse_mass)``, each with a leading chain axis: client
+    ``client``'s warm-up (:func:`build_client_warmup`) of every chain, chain c with
+    ``split(keys[c], S)[client]``; compiled. The in-process engine calls it once per client
+    and every client's endpoint calls it on its own rows: the same program, so the same
+    numbers (the warm-up vmapped over clients rounds differently)."""
     one = build_client_warmup(flat_model, num_clients, num_steps, target_acceptance_rate)
 
-    def warmup(key, theta0):
-        keys = jax.random.split(key, num_clients)
-        state, step_size, inverse_mass = jax.vmap(one, in_axes=(0, 0, 0, None))(
-            keys, padded.data, padded.mask, theta0)
+    def chain(key, client, data, mask, theta0):
+        state, step_size, inverse_mass = one(jax.random.split(key, num_clients)[client], data,
+                                             mask, theta0)
+        return (state.position, state.logdensity, state.logdensity_grad,
+                jnp.asarray(step_size, theta0.dtype), inverse_mass)
+
+    return jax.jit(jax.vmap(chain, in_axes=(0, None, None, None, None)))
+
+
+def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
+                 target_acceptance_rate: float = 0.8) -> Callable:
+    """``(keys (chains,), theta0 (d,)) -> SubposteriorStates`` with leading axes (chains, S):
+    :func:`build_chains_warmup` on every client's subposterior, one client after the other;
+    client s's warm-up of chain c uses ``split(keys[c], S)[s]``."""
+    num_clients = int(padded.mask.shape[0])
+    warm = build_chains_warmup(flat_model, num_clients, num_steps, target_acceptance_rate)
+
+    def warmup(keys, theta0):
+        parts = [warm(keys, jnp.int32(s), jax.tree_util.tree_map(lambda leaf: leaf[s],
+                                                                  padded.data),
+                      padded.mask[s], theta0) for s in range(num_clients)]
+        position, logdensity, grad, step_size, inverse_mass = (
+            jnp.stack([part[i] for part in parts], axis=1) for i in range(5))
+        chains = keys.shape[0]
         return SubposteriorStates(
-            position=state.position,
-            logdensity=state.logdensity,
-            logdensity_grad=state.logdensity_grad,
-            step_size=jnp.asarray(step_size, theta0.dtype),
+            position=position,
+            logdensity=logdensity,
+            logdensity_grad=grad,
+            step_size=step_size,
             inverse_mass_matrix=inverse_mass,
-            divergences=jnp.zeros((num_clients,), jnp.int32),
-            acceptance=jnp.zeros((num_clients,), theta0.dtype),
+            divergences=jnp.zeros((chains, num_clients), jnp.int32),
+            acceptance=jnp.zeros((chains, num_clients), theta0.dtype),
         )
 
     return warmup
