@@ -687,6 +687,8 @@ class ConsensusMC(Algorithm):
                 result = assemble_result(run, algorithm=self.name, unravel=combine, info=info,
                                          dim=dim, thin=thin, sample_stats={})
             if run.failure is not None and not run.diverged.any():
+                if result is not None:  # the draws the clients sent before the failure
+                    result.info["client_samples"] = unravel_numpy(flat_model, client_draws)
                 return result
             raise diverged_error(self.name, result, divergence_details(run, thin), _diverged_cause(
                 self, "a client's subposterior is improper or NUTS failed; check the model on "

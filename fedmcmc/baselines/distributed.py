@@ -265,7 +265,7 @@ class ConsensusFunctions:
         ``target_acceptance``, ``step_size`` (untuned), ``max_num_doublings``, ``thin`` and
         ``longest`` (the most draws one call makes)."""
         flat = context.flat_model
-        s, num_clients, thin = context.index, context.num_clients, int(settings["thin"])
+        num_clients, thin = context.num_clients, int(settings["thin"])
         data, mask = _pad_rows(context.raw_data, int(settings["max_size"]))
         transition = consensus.build_client_transition(flat, num_clients,
                                                        settings["max_num_doublings"])
@@ -276,26 +276,29 @@ class ConsensusFunctions:
         log_density = consensus.subposterior_log_density(flat, num_clients)
         store["value_and_grad"] = jax.jit(jax.value_and_grad(log_density))
 
-        def one_draw(carry, key):  # one chain: ``thin`` transitions
+        # the client's index and rows are arguments, not constants: every client runs the
+        # same program (compiled once when the persistent compilation cache is on)
+        def one_draw(carry, key, client, data, mask):  # one chain: ``thin`` transitions
             def one(carry, k):
                 position, logdensity, grad, step_size, inverse_mass, divergences, acceptance = carry
                 state, divergent, rate = transition(
-                    jax.random.split(k, num_clients)[s], position, logdensity, grad, step_size,
-                    inverse_mass, data, mask)
+                    jax.random.split(k, num_clients)[client], position, logdensity, grad,
+                    step_size, inverse_mass, data, mask)
                 return (state.position, state.logdensity, state.logdensity_grad, step_size,
                         inverse_mass, divergences + divergent.astype(jnp.int32),
                         acceptance + rate.astype(acceptance.dtype)), None
 
             return jax.lax.scan(one, carry, jax.random.split(key, thin))[0]
 
-        all_chains = jax.vmap(one_draw)
+        all_chains = jax.vmap(one_draw, in_axes=(0, 0, None, None, None))
 
-        def draws(carry, keys, count):  # keys (longest, chains); the first ``count`` used
+        def draws(carry, keys, count, client, data, mask):
+            # keys (longest, chains): the first ``count`` rows are this call's draws
             buffer = jnp.zeros(keys.shape[:2] + (flat.dim,), flat.dtype)
 
             def body(i, state):
                 carry, buffer = state
-                carry = all_chains(carry, keys[i])
+                carry = all_chains(carry, keys[i], client, data, mask)
                 return carry, buffer.at[i].set(carry[0])
 
             return jax.lax.fori_loop(0, count, body, (carry, buffer))
@@ -335,7 +338,8 @@ class ConsensusFunctions:
         padded = np.zeros((store["settings"]["longest"], chains, 2), np.uint32)
         padded[:count] = key_data
         store["carry"], positions = store["draws"](store["carry"], _keys(padded),
-                                                   jnp.int32(count))
+                                                   jnp.int32(count), jnp.int32(context.index),
+                                                   store["data"], store["mask"])
         return (np.asarray(positions[:count]), np.asarray(store["carry"][5]),
                 np.asarray(store["carry"][6]))
 
