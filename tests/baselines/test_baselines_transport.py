@@ -90,7 +90,11 @@ def load(rows):
     return rows
 
 
-@pytest.mark.parametrize("name", ["FALD", "QLSD", "ConsensusMC"])
+# consensus MC's NUTS compiles for ~20 s per run: its identity case stays in the default suite
+SLOW_NUTS = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name", ["FALD", "QLSD", pytest.param("ConsensusMC", marks=SLOW_NUTS)])
 def test_a_federation_of_loaders_runs_with_no_rows_in_the_driver(name):
     algorithm, tolerance = CASES[name]
     federation = fm.Federation.from_loaders([functools.partial(load, r) for r in client_rows()])
@@ -102,7 +106,8 @@ def test_a_federation_of_loaders_runs_with_no_rows_in_the_driver(name):
                                atol=max(tolerance, 1e-7))
 
 
-@pytest.mark.parametrize("name, after", [("FALD", 12), ("QLSD", 40), ("ConsensusMC", 3)])
+@pytest.mark.parametrize("name, after", [("FALD", 12), ("QLSD", 40),
+                                         pytest.param("ConsensusMC", 3, marks=SLOW_NUTS)])
 def test_a_crashed_client_stops_the_run_and_keeps_the_draws(name, after):
     algorithm, tolerance = CASES[name]
     run = dict(RUN, burn_in=0, num_samples=40)
