@@ -2,14 +2,18 @@
 
 They check their hyper-parameters, build the functional kernels of ``fald.py``,
 ``qlsd.py`` and ``consensus.py`` and run them on the in-process engine
-(:func:`fedmcmc.engines.local.run_chains`): every client of every chain simulated in one
-compiled program. ``engines`` is ``("local",)`` for now; the engine redesign (issue 14)
-will add ``engine="ray"`` through the protocol layer.
+(:func:`fedmcmc.engines.local.run_chains`: every client of every chain simulated in one
+compiled program) or, with ``engine="ray"``, through the engine layer with one Ray actor
+per client holding its own rows (``sample_distributed``, :mod:`fedmcmc.baselines.distributed`:
+the engine's generic broadcast endpoint runs the client-side functions; a
+``Federation.from_loaders`` federation's rows are loaded in the actors). The draws are the
+in-process engine's (consensus MC: the same numbers; FA-LD, QLSD: to float rounding).
 
 ``result.info`` holds, besides the hyper-parameters, ``iterations``, ``rounds`` (server
 communication rounds), ``messages`` and ``floats_communicated`` (and for QLSD
 ``bits_communicated``), summed over chains (each chain is its own federated run), and
-``wall_time``. Checkpoint and resume (:mod:`fedmcmc.checkpoint`): FALD and QLSD keep
+``wall_time``; on ``engine="ray"`` ``messages``, ``floats_communicated`` and the byte
+counts are the transport's real ones. Checkpoint and resume (:mod:`fedmcmc.checkpoint`): FALD and QLSD keep
 everything they need in their chain states (``supports_resume``); ConsensusMC combines
 the clients' draws after sampling and cannot resume.
 """

@@ -21,10 +21,13 @@ for high dimensions) and ``"equal"`` the plain average (W_s = I). (Formulas are 
 out rather than cited by equation number: only the paper's abstract and first page could
 be consulted when this was written.)
 
-Every client of a chain is vmapped in one compiled program: the clients' data are
-stacked and padded to the largest client (``Federation.padded``) with a 0/1 mask, so a
-client's log density sums over its own rows only. Under ``vmap`` the NUTS trees of all
-clients are built together (each iteration costs the slowest client's tree).
+The clients' data are stacked and padded to the largest client (``Federation.padded``)
+with a 0/1 mask, so a client's log density sums over its own rows only. The warm-up runs
+one client after the other through one compiled program (:func:`build_chains_warmup`, which
+each client's endpoint runs on ``engine="ray"``: vmapped over clients, the adaptation rounded
+differently and the two engines' draws drifted apart); the transitions of every client of a
+chain are vmapped in one compiled program (the NUTS trees of all clients are built together:
+each iteration costs the slowest client's tree) and round exactly as one client's.
 
 Step-size convention: NUTS's own (BlackJAX's leapfrog step), not the Langevin one.
 """
