@@ -13,9 +13,9 @@ in-process engine's (consensus MC: the same numbers; FA-LD, QLSD: to float round
 communication rounds), ``messages`` and ``floats_communicated`` (and for QLSD
 ``bits_communicated``), summed over chains (each chain is its own federated run), and
 ``wall_time``; on ``engine="ray"`` ``messages``, ``floats_communicated`` and the byte
-counts are the transport's real ones. Checkpoint and resume (:mod:`fedmcmc.checkpoint`): FALD and QLSD keep
-everything they need in their chain states (``supports_resume``); ConsensusMC combines
-the clients' draws after sampling and cannot resume.
+counts are the transport's real ones. Checkpoint and resume (:mod:`fedmcmc.checkpoint`):
+FALD and QLSD keep everything they need in their chain states (``supports_resume``);
+ConsensusMC combines the clients' draws after sampling and cannot resume.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..checkpoint import resume_from, split_run_options
 from ..engines.comm import ClientFailureError
 from ..engines.local import run_chains
 from ..engines.options import check_engine_options
-from ..engines.ray_engine import RayTransport, ray_session
+from ..engines.ray_engine import ray_transports
 from ..engines.ray_security import record_ray_authentication
 from ..results import assemble_result, divergence_details, diverged_error
 from . import consensus, distributed, fald, qlsd
@@ -55,20 +55,16 @@ def _layout(model, federation, init):
     return flat_model, federation.concatenated(), weights, flat_model.ravel(init)
 
 
-def _on_ray(algorithm, options, sample_distributed):
-    """``engine="ray"``: ``sample_distributed(make_transport, "ray", engine_options)`` (the
-    class's ``sample_distributed``) inside the authenticated Ray session, one actor per
-    client."""
-    engine_options = check_engine_options(options, algorithm.name)
+class _Baseline(Algorithm):
+    """What the three baselines share: ``engine="ray"`` through their ``sample_distributed``."""
 
-    def make_transport(specs):
-        return RayTransport(specs, resources=engine_options.get("client_resources"),
-                            num_cpus=engine_options.get("client_num_cpus", 0))
-
-    with ray_session(engine_options.get("ray_address"), engine_options.get("ray_init_options"),
-                     engine_options.get("allow_unauthenticated_cluster", False)):
-        return record_ray_authentication(
-            sample_distributed(make_transport, "ray", engine_options))
+    def _on_ray(self, model, federation, options, **run):
+        """``sample_distributed`` on Ray (one actor per client) inside the authenticated
+        session; ``run``: ``fm.sample``'s run arguments."""
+        engine_options = check_engine_options(options, self.name)
+        with ray_transports(engine_options) as make_transport:
+            return record_ray_authentication(self.sample_distributed(
+                model, federation, make_transport, "ray", engine_options, **run))
 
 
 def _client_failure(algorithm, engine_label: str, run, result) -> ClientFailureError:
@@ -136,7 +132,7 @@ def _reference_point(flat_model, data, theta0, reference_point, max_iterations):
 # ------------------------------------------------------------------------------ FALD
 
 
-class FALD(Algorithm):
+class FALD(_Baseline):
     """Federated averaging Langevin dynamics (FA-LD; Deng et al., UAI 2024) and, with
     ``variance_reduction=True``, VR-FALD* (Plassier, Durmus, Moulines, AISTATS 2023).
 
@@ -234,10 +230,9 @@ class FALD(Algorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         if engine == "ray":
-            run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                       chains=chains, seed=seed, progress=progress)
-            return _on_ray(self, options, lambda make, label, opts: self.sample_distributed(
-                model, federation, make, label, opts, **run))
+            return self._on_ray(model, federation, options, init=init, num_samples=num_samples,
+                                burn_in=burn_in, thin=thin, chains=chains, seed=seed,
+                                progress=progress)
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
@@ -320,7 +315,7 @@ class FALD(Algorithm):
 # ------------------------------------------------------------------------------ QLSD
 
 
-class QLSD(Algorithm):
+class QLSD(_Baseline):
     """Quantised Langevin stochastic dynamics (QLSD; Vono, Plassier, Durmus, Dieuleveut,
     Moulines, AISTATS 2022) and, with ``variance_reduction=True``, QLSD++.
 
@@ -424,10 +419,9 @@ class QLSD(Algorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         if engine == "ray":
-            run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                       chains=chains, seed=seed, progress=progress)
-            return _on_ray(self, options, lambda make, label, opts: self.sample_distributed(
-                model, federation, make, label, opts, **run))
+            return self._on_ray(model, federation, options, init=init, num_samples=num_samples,
+                                burn_in=burn_in, thin=thin, chains=chains, seed=seed,
+                                progress=progress)
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
@@ -528,7 +522,7 @@ class QLSD(Algorithm):
 # ------------------------------------------------------------------------------ ConsensusMC
 
 
-class ConsensusMC(Algorithm):
+class ConsensusMC(_Baseline):
     """Consensus Monte Carlo (Scott et al. 2016): each client samples its subposterior
     p(x_s | theta) p(theta)^(1/S) with NUTS (BlackJAX) on its own data; the server
     combines the clients' g-th draws by precision-weighted averaging,
@@ -611,10 +605,9 @@ class ConsensusMC(Algorithm):
                engine, progress, **options):
         if engine == "ray":
             self._check_draws(model.flatten(init).dim, chains, num_samples)
-            run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                       chains=chains, seed=seed, progress=progress)
-            return _on_ray(self, options, lambda make, label, opts: self.sample_distributed(
-                model, federation, make, label, opts, **run))
+            return self._on_ray(model, federation, options, init=init, num_samples=num_samples,
+                                burn_in=burn_in, thin=thin, chains=chains, seed=seed,
+                                progress=progress)
         run_options = split_run_options(options, self.name)
         for option in ("start_draw", "resume_state", "on_draws", "on_chunk"):
             if run_options.get(option):

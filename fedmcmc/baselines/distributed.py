@@ -43,6 +43,7 @@ on the pooled data).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Dict, List, NamedTuple
 
@@ -348,9 +349,11 @@ class ConsensusFunctions:
 
 
 class _Clients:
-    """The transport, its endpoints' set-up and the one gather of every message."""
+    """The run's endpoints (one per client) on its transport: set-up messages, the one gather
+    of every round's replies, and the figures ``Result.info`` gets from them."""
 
-    def __init__(self, functions, model, federation, init, seed, make_transport, options):
+    def __init__(self, functions, model, federation, init, seed, make_transport, options,
+                 engine_label: str):
         num_clients = federation.num_clients
         sources = federation.client_sources()
         specs = [(BroadcastClient, (s, sources[s], model, init, functions, num_clients, seed))
@@ -360,10 +363,9 @@ class _Clients:
                                               options.get("fault_injection"), "respond")
         self.timeout = options.get("visit_timeout")
         self.num_clients = num_clients
-
-    def describe(self, federation, model, init):
-        """The driver's view of the federation (from_loaders: what the clients report)."""
-        return describe_federation(self.transport, federation, model, init)
+        self.figures: Dict[str, Any] = dict(engine=engine_label, visit_timeout=self.timeout,
+                                            on_client_failure=options["on_client_failure"])
+        self.started = time.perf_counter()
 
     def configure(self, settings_of: Callable[[int], Dict[str, Any]]) -> None:
         transport = self.transport
@@ -373,6 +375,11 @@ class _Clients:
     def setup(self, name: str, *args) -> List[Any]:
         return call_all(self.transport, "setup", name, *args, timeout=self.timeout)
 
+    def ready(self) -> None:
+        """Set-up is over: record where the clients run and how long it took."""
+        self.figures["client_locations"] = call_all(self.transport, "location")
+        self.figures["setup_time"] = time.perf_counter() - self.started
+
     def respond(self, args_of: Dict[int, tuple]) -> Dict[int, Any]:
         """``respond`` to the clients of ``args_of`` with their arguments; a failure reaches
         the driver as :class:`~fedmcmc.engines.comm.ClientFailure` (the run stops)."""
@@ -380,21 +387,34 @@ class _Clients:
         pendings = [self.transport.call(s, "respond", *args_of[s]) for s in clients]
         return dict(zip(clients, gather(self.transport, pendings, self.timeout)))
 
-    def info(self, engine_label: str, policy: str, setup_time: float) -> Dict[str, Any]:
+    def info(self) -> Dict[str, Any]:
+        """The transport's message and byte counts and the run's engine figures."""
         out = self.transport.info()
         out["bytes_communicated"] = out["bytes_to_clients"] + out["bytes_from_clients"]
-        out.update(engine=engine_label, on_client_failure=policy, visit_timeout=self.timeout,
-                   setup_time=setup_time)
+        out.update(self.figures)
         return out
 
 
-def _check_policy(name: str, options: Dict[str, Any], engine_label: str) -> str:
+@contextlib.contextmanager
+def _endpoints(functions, algorithm, model, federation, init, seed, make_transport,
+               options: Dict[str, Any], engine_label: str):
+    """``(clients, federation)`` for a run: the endpoints of ``functions`` on the transport and
+    the driver's view of the federation (from_loaders: what the clients report); closes the
+    transport at the end. The failure policy is "stop" only (a lost client's data would leave
+    the target)."""
     policy = options["on_client_failure"]
     if policy != "stop":
         raise ValueError(
-            f"on_client_failure={policy!r} is not available for {name} on "
+            f"on_client_failure={policy!r} is not available for {algorithm.name} on "
             f"engine={engine_label!r} (a lost client's data would leave the target); use 'stop'")
-    return policy
+    clients = _Clients(functions, model, federation, init, seed, make_transport, options,
+                       engine_label)
+    try:
+        described = describe_federation(clients.transport, federation, model, init)
+        clients.transport.audit = bool(options.get("audit_messages", False))
+        yield clients, described
+    finally:
+        clients.transport.close()
 
 
 def _may_be_smaller(federation, batch_size: int) -> bool:
@@ -412,17 +432,12 @@ def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
                 progress) -> BaselineRun:
     """FA-LD / VR-FALD* (``algorithm``: a :class:`fedmcmc.FALD`) with one endpoint per client
     on the transport ``make_transport(specs)`` builds; ``options``: checked engine options."""
-    policy = _check_policy(algorithm.name, options, engine_label)
     if algorithm.variance_reduction and algorithm.reference_point is None:
         raise ValueError(
             f"reference_point: VR-FALD* on engine={engine_label!r} needs theta* given (e.g. a "
             "MAP estimate); the search for the global mode runs on engine='local' only")
-    clients = _Clients(FALDFunctions(), model, federation, init, seed, make_transport, options)
-    transport = clients.transport
-    try:
-        federation = clients.describe(federation, model, init)
-        transport.audit = bool(options.get("audit_messages", False))
-        started = time.perf_counter()
+    with _endpoints(FALDFunctions(), algorithm, model, federation, init, seed, make_transport,
+                    options, engine_label) as (clients, federation):
         flat = model.flatten(init)
         dim, num_clients, L = flat.dim, federation.num_clients, algorithm.local_steps
         weights = np.asarray(federation.weights)
@@ -445,8 +460,7 @@ def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
                     noise=algorithm.noise, reference=reference, longest=min(thin, L),
                     may_be_smaller=_may_be_smaller(federation, algorithm.batch_size))
         clients.configure(lambda s: dict(base, weight=float(weights[s])))
-        info["client_locations"] = call_all(transport, "location")
-        setup_time = time.perf_counter() - started
+        clients.ready()
 
         new_round = jax.jit(jax.vmap(lambda key, state: fald.start_round(
             state, *fald.round_participants(key, f, cumulative, h, k))))
@@ -498,9 +512,7 @@ def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
             rounds_per_chain=(rounds + setup_rounds).tolist(),
             draws_inside_rounds_uploads=int(np.asarray(final.uploads_inside_rounds,
                                                        np.int64).sum()))
-        info.update(clients.info(engine_label, policy, setup_time))
-    finally:
-        transport.close()
+        info.update(clients.info())
     return BaselineRun(run, info, run.state)
 
 
@@ -519,13 +531,8 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
     """QLSD / QLSD++ (``algorithm``: a :class:`fedmcmc.QLSD`) with one endpoint per client.
     Like the in-process engine, the chains run as one state (one draw of the driver is a
     ``(chains * d,)`` vector), so a diverged chain stops every chain."""
-    policy = _check_policy(algorithm.name, options, engine_label)
-    clients = _Clients(QLSDFunctions(), model, federation, init, seed, make_transport, options)
-    transport = clients.transport
-    try:
-        federation = clients.describe(federation, model, init)
-        transport.audit = bool(options.get("audit_messages", False))
-        started = time.perf_counter()
+    with _endpoints(QLSDFunctions(), algorithm, model, federation, init, seed, make_transport,
+                    options, engine_label) as (clients, federation):
         flat = model.flatten(init)
         dim, num_clients = flat.dim, federation.num_clients
         weights = np.asarray(federation.weights)
@@ -535,8 +542,7 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
                     may_be_smaller=_may_be_smaller(federation, algorithm.batch_size),
                     reference_every=every if plus_plus else None, memory_rate=rate)
         clients.configure(lambda s: dict(base, weight=float(weights[s])))
-        locations = call_all(transport, "location")
-        setup_time = time.perf_counter() - started
+        clients.ready()
         h = jnp.asarray(algorithm.step_size, flat.dtype)
         alpha = jnp.asarray(rate, flat.dtype)
         noise = algorithm.noise
@@ -579,12 +585,10 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
         info = algorithm.settings_info(num_clients, levels, every, rate)
         iterations = run.draws_done * thin
         bits_per_vector = 32 * dim if levels is None else 32 + algorithm.bits * dim
-        info.update(rounds=iterations, client_locations=locations,
+        info.update(rounds=iterations,
                     bits_communicated=int(chains * iterations * num_clients
                                           * (32 * dim + bits_per_vector)))
-        info.update(clients.info(engine_label, policy, setup_time))
-    finally:
-        transport.close()
+        info.update(clients.info())
     return BaselineRun(run, info, run.state)
 
 
@@ -595,14 +599,8 @@ def sample_consensus(algorithm, model, federation, make_transport, engine_label:
     per client: each samples its subposterior and sends its draws up (chunk by chunk); the
     combination is the caller's (``consensus.combine``). A draw of the driver is every
     client's draw, ``(S * d,)``, as on the in-process engine."""
-    policy = _check_policy(algorithm.name, options, engine_label)
-    clients = _Clients(ConsensusFunctions(), model, federation, init, seed, make_transport,
-                       options)
-    transport = clients.transport
-    try:
-        federation = clients.describe(federation, model, init)
-        transport.audit = bool(options.get("audit_messages", False))
-        started = time.perf_counter()
+    with _endpoints(ConsensusFunctions(), algorithm, model, federation, init, seed, make_transport,
+                    options, engine_label) as (clients, federation):
         flat = model.flatten(init)
         dim, num_clients = flat.dim, federation.num_clients
         warmup = algorithm.warmup_steps(burn_in, thin)
@@ -617,11 +615,8 @@ def sample_consensus(algorithm, model, federation, make_transport, engine_label:
         key = jax.random.key(seed)
         warm_keys = _key_data(jax.random.split(jax.random.fold_in(key, 2**20), chains))
         theta0 = np.asarray(flat.ravel(init))
-        step_sizes = gather_before_sampling(transport, [
-            transport.call(s, "setup", "warmup", warm_keys, theta0)
-            for s in range(num_clients)], clients.timeout)
-        locations = call_all(transport, "location")
-        setup_time = time.perf_counter() - started
+        step_sizes = clients.setup("warmup", warm_keys, theta0)
+        clients.ready()
         draw_keys = jax.jit(lambda first, count: jax.vmap(
             lambda i: rng.split_key(rng.fold_in(key, i), chains))(first + jnp.arange(count)),
             static_argnums=1)
@@ -643,8 +638,5 @@ def sample_consensus(algorithm, model, federation, make_transport, engine_label:
                     chunk_size=chunk)
         info = algorithm.settings_info(num_clients, warmup)
         info["step_size_per_client"] = np.stack(step_sizes, axis=1).mean(axis=0).tolist()
-        info["client_locations"] = locations
-        info.update(clients.info(engine_label, policy, setup_time))
-    finally:
-        transport.close()
+        info.update(clients.info())
     return BaselineRun(run, info, run.state)

@@ -82,7 +82,8 @@ def test_the_in_process_transport_gives_the_local_draws(name):
     for _, method, arrays in info["client_message_audit"]:
         for shape, _dtype in arrays:
             assert shape[-1:] in ([], [DIM], [RUN["chains"]]), (method, shape)
-            assert int(np.prod(shape)) <= (RUN["burn_in"] + RUN["num_samples"]) * RUN["chains"] * DIM
+            draws = RUN["burn_in"] + RUN["num_samples"]
+            assert int(np.prod(shape)) <= draws * RUN["chains"] * DIM
 
 
 def load(rows):
