@@ -56,15 +56,23 @@ def _layout(model, federation, init):
 
 
 class _Baseline(Algorithm):
-    """What the three baselines share: ``engine="ray"`` through their ``sample_distributed``."""
+    """What the three baselines share: ``engine="local"`` runs their ``sample_local``,
+    ``engine="ray"`` their ``sample_distributed`` with one Ray actor per client."""
 
-    def _on_ray(self, model, federation, options, **run):
-        """``sample_distributed`` on Ray (one actor per client) inside the authenticated
-        session; ``run``: ``fm.sample``'s run arguments."""
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):
+        run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
+                   chains=chains, seed=seed, progress=progress)
+        if engine != "ray":
+            return self.sample_local(model, federation, **run, **options)
+        self.check_run(model.flatten(init).dim, chains, num_samples)
         engine_options = check_engine_options(options, self.name)
         with ray_transports(engine_options) as make_transport:
             return record_ray_authentication(self.sample_distributed(
                 model, federation, make_transport, "ray", engine_options, **run))
+
+    def check_run(self, dim: int, chains: int, num_samples: int) -> None:
+        """Refuse run arguments the algorithm cannot use (``ValueError``); default: none."""
 
 
 def _client_failure(algorithm, engine_label: str, run, result) -> ClientFailureError:
@@ -227,12 +235,9 @@ class FALD(_Baseline):
             "num_clients": num_clients,
         }
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
-        if engine == "ray":
-            return self._on_ray(model, federation, options, init=init, num_samples=num_samples,
-                                burn_in=burn_in, thin=thin, chains=chains, seed=seed,
-                                progress=progress)
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
+        """The run on the in-process engine (every client of every chain in one program)."""
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
@@ -416,12 +421,9 @@ class QLSD(_Baseline):
             info["memory_rate"] = rate
         return info
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
-        if engine == "ray":
-            return self._on_ray(model, federation, options, init=init, num_samples=num_samples,
-                                burn_in=burn_in, thin=thin, chains=chains, seed=seed,
-                                progress=progress)
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
+        """The run on the in-process engine (every client of every chain in one program)."""
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
@@ -592,7 +594,9 @@ class ConsensusMC(_Baseline):
         """The settings as ``Result.info`` reports them (every engine)."""
         return {"weighting": self.weighting, "warmup_steps": warmup, "num_clients": num_clients}
 
-    def _check_draws(self, dim: int, chains: int, num_samples: int) -> None:
+    def check_run(self, dim: int, chains: int, num_samples: int) -> None:
+        """The weights W_s need enough draws per client: more than d for ``"precision"``,
+        2 for ``"diagonal"`` (``ValueError`` naming ``num_samples``)."""
         if self.weighting == "precision" and chains * num_samples <= dim:
             raise ValueError(
                 f"num_samples: weighting='precision' estimates each client's {dim}x{dim} "
@@ -601,13 +605,9 @@ class ConsensusMC(_Baseline):
         if self.weighting == "diagonal" and chains * num_samples < 2:
             raise ValueError("num_samples: weighting='diagonal' needs at least 2 draws per client")
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
-        if engine == "ray":
-            self._check_draws(model.flatten(init).dim, chains, num_samples)
-            return self._on_ray(model, federation, options, init=init, num_samples=num_samples,
-                                burn_in=burn_in, thin=thin, chains=chains, seed=seed,
-                                progress=progress)
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
+        """The run on the in-process engine (every chain of every client's NUTS vmapped)."""
         run_options = split_run_options(options, self.name)
         for option in ("start_draw", "resume_state", "on_draws", "on_chunk"):
             if run_options.get(option):
@@ -617,7 +617,7 @@ class ConsensusMC(_Baseline):
         flat_model = model.flatten(init)
         dim = flat_model.dim
         num_clients = federation.num_clients
-        self._check_draws(dim, chains, num_samples)
+        self.check_run(dim, chains, num_samples)
         padded = federation.padded()
         theta0 = flat_model.ravel(init)
         warmup = self.warmup_steps(burn_in, thin)
