@@ -48,3 +48,21 @@ def private_cache(tmp_path_factory):
     patch.undo()
     jax.config.update("jax_compilation_cache_dir", before[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """A Ray instance for one test module: loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+    before Ray is imported, ``_node_ip_address="127.0.0.1"``), 2 CPUs, no dashboard, its files
+    in a temporary folder; shut down after the module. ``fm.sample(..., engine="ray")`` joins it."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray = pytest.importorskip("ray", reason="engine='ray' needs ray (pip install 'fedmcmc[ray]')")
+    temp_dir = str(tmp_path_factory.mktemp("ray"))
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local", include_dashboard=False, num_cpus=2, _temp_dir=temp_dir,
+        _node_ip_address="127.0.0.1", log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()

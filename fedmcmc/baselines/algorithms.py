@@ -2,16 +2,20 @@
 
 They check their hyper-parameters, build the functional kernels of ``fald.py``,
 ``qlsd.py`` and ``consensus.py`` and run them on the in-process engine
-(:func:`fedmcmc.engines.local.run_chains`): every client of every chain simulated in one
-compiled program. ``engines`` is ``("local",)`` for now; the engine redesign (issue 14)
-will add ``engine="ray"`` through the protocol layer.
+(:func:`fedmcmc.engines.local.run_chains`: every client of every chain simulated in one
+compiled program) or, with ``engine="ray"``, through the engine layer with one Ray actor
+per client holding its own rows (``sample_distributed``, :mod:`fedmcmc.baselines.distributed`:
+the engine's generic broadcast endpoint runs the client-side functions; a
+``Federation.from_loaders`` federation's rows are loaded in the actors). The draws are the
+in-process engine's (consensus MC: the same numbers; FA-LD, QLSD: to float rounding).
 
 ``result.info`` holds, besides the hyper-parameters, ``iterations``, ``rounds`` (server
 communication rounds), ``messages`` and ``floats_communicated`` (and for QLSD
 ``bits_communicated``), summed over chains (each chain is its own federated run), and
-``wall_time``. Checkpoint and resume (:mod:`fedmcmc.checkpoint`): FALD and QLSD keep
-everything they need in their chain states (``supports_resume``); ConsensusMC combines
-the clients' draws after sampling and cannot resume.
+``wall_time``; on ``engine="ray"`` ``messages``, ``floats_communicated`` and the byte
+counts are the transport's real ones. Checkpoint and resume (:mod:`fedmcmc.checkpoint`):
+FALD and QLSD keep everything they need in their chain states (``supports_resume``);
+ConsensusMC combines the clients' draws after sampling and cannot resume.
 """
 
 from __future__ import annotations
@@ -32,16 +36,16 @@ from ..algorithm import (
     check_positive_int,
 )
 from ..checkpoint import resume_from, split_run_options
+from ..engines.comm import ClientFailureError
 from ..engines.local import run_chains
+from ..engines.options import check_engine_options
+from ..engines.ray_engine import ray_transports
+from ..engines.ray_security import record_ray_authentication
 from ..results import assemble_result, divergence_details, diverged_error
-from . import consensus, fald, qlsd
+from . import consensus, distributed, fald, qlsd
 from .common import client_likelihood_gradients, global_mode, unravel_numpy
 
 __all__ = ["FALD", "QLSD", "ConsensusMC"]
-
-_ENGINE_NOTE = ("the in-process engine only for now (the engine redesign, issue 14, will add "
-                "engine='ray')")
-
 
 def _layout(model, federation, init):
     """What every baseline's run starts from: the flat model, the clients' rows concatenated,
@@ -51,9 +55,32 @@ def _layout(model, federation, init):
     return flat_model, federation.concatenated(), weights, flat_model.ravel(init)
 
 
-def _check_engine(engine: str, name: str) -> None:
-    if engine != "local":
-        raise ValueError(f"engine={engine!r} is not available for {name}: {_ENGINE_NOTE}")
+class _Baseline(Algorithm):
+    """What the three baselines share: ``engine="local"`` runs their ``sample_local``,
+    ``engine="ray"`` their ``sample_distributed`` with one Ray actor per client."""
+
+    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
+               engine, progress, **options):
+        run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
+                   chains=chains, seed=seed, progress=progress)
+        if engine != "ray":
+            return self.sample_local(model, federation, **run, **options)
+        self.check_run(model.flatten(init).dim, chains, num_samples)
+        engine_options = check_engine_options(options, self.name)
+        with ray_transports(engine_options) as make_transport:
+            return record_ray_authentication(self.sample_distributed(
+                model, federation, make_transport, "ray", engine_options, **run))
+
+    def check_run(self, dim: int, chains: int, num_samples: int) -> None:
+        """Refuse run arguments the algorithm cannot use (``ValueError``); default: none."""
+
+
+def _client_failure(algorithm, engine_label: str, run, result) -> ClientFailureError:
+    failure = run.failure
+    return ClientFailureError(
+        f"{algorithm.name} (engine={engine_label!r}): client {failure.client} failed "
+        f"({failure.reason}); the run stopped after {run.draws_done} draw(s), which are in "
+        "error.result", result, failure.client, failure.reason)
 
 
 def _check_unit_fraction(value: Any, argument: str) -> float:
@@ -113,7 +140,7 @@ def _reference_point(flat_model, data, theta0, reference_point, max_iterations):
 # ------------------------------------------------------------------------------ FALD
 
 
-class FALD(Algorithm):
+class FALD(_Baseline):
     """Federated averaging Langevin dynamics (FA-LD; Deng et al., UAI 2024) and, with
     ``variance_reduction=True``, VR-FALD* (Plassier, Durmus, Moulines, AISTATS 2023).
 
@@ -130,7 +157,8 @@ class FALD(Algorithm):
     every ``thin`` iterations and is the weighted average of the participating clients'
     chains (the server's state when ``thin`` is a multiple of ``local_steps``).
 
-    Runs on ``engine="local"`` (the engine redesign, issue 14, will add Ray).
+    Runs on ``engine="local"`` and on ``engine="ray"`` (one actor per client, its rows loaded
+    there: :mod:`fedmcmc.baselines.distributed`; VR-FALD* then needs ``reference_point``).
 
     Parameters
     ----------
@@ -161,7 +189,7 @@ class FALD(Algorithm):
         Inject the Langevin noise (False: federated averaging of gradient ascent).
     """
 
-    engines = ("local",)
+    engines = ("local", "ray")
     divergence_threshold: float = 1e10
     supports_resume: bool = True
 
@@ -194,15 +222,10 @@ class FALD(Algorithm):
         return fald.build_kernel(flat_model, data, weights, self.batch_size, self.local_steps,
                                  self.step_size, clients_per_round, control_variates, self.noise)
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
-        run_options = split_run_options(options, self.name)
-        _check_engine(engine, self.name)
-        flat_model, data, weights, theta0 = _layout(model, federation, init)
-        dim, num_clients = flat_model.dim, federation.num_clients
+    def settings_info(self, num_clients: int) -> dict:
+        """The hyper-parameters as ``Result.info`` reports them (every engine)."""
         k = self.clients_per_round(num_clients)
-        info = {
-            "chains": chains,  # the engine ran them as one state
+        return {
             "step_size": self.step_size,
             "batch_size": self.batch_size,
             "local_steps": self.local_steps,
@@ -211,6 +234,15 @@ class FALD(Algorithm):
             "variance_reduction": self.variance_reduction,
             "num_clients": num_clients,
         }
+
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
+        """The run on the in-process engine (every client of every chain in one program)."""
+        run_options = split_run_options(options, self.name)
+        flat_model, data, weights, theta0 = _layout(model, federation, init)
+        dim, num_clients = flat_model.dim, federation.num_clients
+        k = self.clients_per_round(num_clients)
+        info = {"chains": chains, **self.settings_info(num_clients)}  # one state per chain
         control = None
         setup_rounds, setup_floats = 0, 0
         if self.variance_reduction:
@@ -258,19 +290,37 @@ class FALD(Algorithm):
             draws_inside_rounds_uploads=mid_round,
         )
         info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
+        return self._result(run, flat_model, info, thin, start_draw)
+
+    def _result(self, run, flat_model, info, thin, start_draw=0):
         result = assemble_result(run, algorithm=self.name,
                                  unravel=lambda draws: unravel_numpy(flat_model, draws),
-                                 info=info, dim=dim, thin=thin, start_draw=start_draw)
+                                 info=info, dim=flat_model.dim, thin=thin, start_draw=start_draw)
         if run.diverged.any():
             raise diverged_error(self.name, result, divergence_details(run, thin),
                                  _diverged_cause(self, "lower step_size or local_steps"))
+        return result
+
+    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+                           init, num_samples, burn_in, thin, chains, seed, progress):
+        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        (:func:`fedmcmc.baselines.distributed.sample_fald`; ``options``: checked engine
+        options, :func:`fedmcmc.engines.options.check_engine_options`). The draws are
+        ``engine="local"``'s; ``info`` counts the transport's real messages."""
+        out = distributed.sample_fald(self, model, federation, make_transport, engine_label,
+                                      options, init=init, num_samples=num_samples,
+                                      burn_in=burn_in, thin=thin, chains=chains, seed=seed,
+                                      progress=progress)
+        result = self._result(out.run, model.flatten(init), out.info, thin)
+        if out.run.failure is not None:
+            raise _client_failure(self, engine_label, out.run, result)
         return result
 
 
 # ------------------------------------------------------------------------------ QLSD
 
 
-class QLSD(Algorithm):
+class QLSD(_Baseline):
     """Quantised Langevin stochastic dynamics (QLSD; Vono, Plassier, Durmus, Dieuleveut,
     Moulines, AISTATS 2022) and, with ``variance_reduction=True``, QLSD++.
 
@@ -284,7 +334,8 @@ class QLSD(Algorithm):
     :mod:`fedmcmc.baselines.qlsd` for the formulas. One iteration = one server step; a
     draw is kept every ``thin`` iterations.
 
-    Runs on ``engine="local"`` (the engine redesign, issue 14, will add Ray).
+    Runs on ``engine="local"`` and on ``engine="ray"`` (one actor per client, its rows loaded
+    there; one broadcast-and-gather per iteration: :mod:`fedmcmc.baselines.distributed`).
 
     Parameters
     ----------
@@ -310,7 +361,7 @@ class QLSD(Algorithm):
         Inject the Langevin noise.
     """
 
-    engines = ("local",)
+    engines = ("local", "ray")
     divergence_threshold: float = 1e10
     supports_resume: bool = True
 
@@ -339,7 +390,8 @@ class QLSD(Algorithm):
     def name(self) -> str:
         return "QLSD++" if self.variance_reduction else "QLSD"
 
-    def _settings(self, federation, dim):
+    def quantisation_settings(self, federation, dim):
+        """(levels s, reference_every, memory_rate) for this federation and dimension."""
         levels = qlsd.levels_for_bits(self.bits)
         every = self.reference_every or max(
             1, math.ceil(int(federation.sizes.max()) / self.batch_size))
@@ -354,13 +406,28 @@ class QLSD(Algorithm):
         return qlsd.build_kernel(flat_model, data, weights, self.batch_size, self.step_size,
                                  levels, self.noise)
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
+    def settings_info(self, num_clients: int, levels, every, rate) -> dict:
+        """The hyper-parameters as ``Result.info`` reports them (every engine)."""
+        info = {
+            "step_size": self.step_size,
+            "batch_size": self.batch_size,
+            "bits": self.bits if self.bits is not None else "none",
+            "quantization_levels": levels if levels is not None else "none",
+            "variance_reduction": self.variance_reduction,
+            "num_clients": num_clients,
+        }
+        if self.variance_reduction:
+            info["reference_every"] = every
+            info["memory_rate"] = rate
+        return info
+
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
+        """The run on the in-process engine (every client of every chain in one program)."""
         run_options = split_run_options(options, self.name)
-        _check_engine(engine, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
-        levels, every, rate = self._settings(federation, dim)
+        levels, every, rate = self.quantisation_settings(federation, dim)
         step = self._kernel(flat_model, data, weights, levels, every, rate)
         if self.variance_reduction:
             one_chain = qlsd.init_plus_plus(theta0, num_clients)
@@ -402,21 +469,20 @@ class QLSD(Algorithm):
         bits = chains * iterations * num_clients * (32 * dim + bits_per_vector)
         info = {
             "chains": chains,  # the engine ran them as one state
-            "step_size": self.step_size,
-            "batch_size": self.batch_size,
-            "bits": self.bits if self.bits is not None else "none",
-            "quantization_levels": levels if levels is not None else "none",
-            "variance_reduction": self.variance_reduction,
-            "num_clients": num_clients,
+            **self.settings_info(num_clients, levels, every, rate),
             "rounds": iterations,
             "messages": int(2 * chains * iterations * num_clients),
             "bits_communicated": int(bits),
             "floats_communicated": int(bits // 32),
         }
         info["bytes_communicated"] = int(bits // 8)
-        if self.variance_reduction:
-            info["reference_every"] = every
-            info["memory_rate"] = rate
+        return self._result(run, flat_model, info, thin, chains,
+                            np.asarray(run.state.position)[0], start_draw)
+
+    def _result(self, run, flat_model, info, thin, chains, final, start_draw=0):
+        """The result of a run whose chains were one state: ``final`` their last positions
+        ``(chains, d)`` (which name the diverged ones)."""
+        dim = flat_model.dim
 
         def unravel(folded):
             # the engine ran the chains as one state: (1, kept, chains * d) -> (chains, kept, d)
@@ -428,7 +494,6 @@ class QLSD(Algorithm):
         if run.diverged.any():
             # the chains share one engine state, so they all stop at the first bad draw;
             # name the ones whose final position is bad
-            final = np.asarray(run.state.position)[0]  # (chains, d) at the end of the run
             bad = ~np.all(np.isfinite(final) & (np.abs(final) < self.divergence_threshold), axis=1)
             chains_bad = np.nonzero(bad)[0] if bad.any() else np.arange(chains)
             first = int(run.first_bad_draw[0])
@@ -438,11 +503,28 @@ class QLSD(Algorithm):
                 self, "lower step_size (all chains stop at that draw)"))
         return result
 
+    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+                           init, num_samples, burn_in, thin, chains, seed, progress):
+        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        (:func:`fedmcmc.baselines.distributed.sample_qlsd`; ``options``: checked engine
+        options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
+        messages (``bits_communicated`` the quantised code's, as on the in-process engine)."""
+        out = distributed.sample_qlsd(self, model, federation, make_transport, engine_label,
+                                      options, init=init, num_samples=num_samples,
+                                      burn_in=burn_in, thin=thin, chains=chains, seed=seed,
+                                      progress=progress)
+        out.info["chains"] = chains
+        result = self._result(out.run, model.flatten(init), out.info, thin, chains,
+                              np.asarray(out.state.position))
+        if out.run.failure is not None:
+            raise _client_failure(self, engine_label, out.run, result)
+        return result
+
 
 # ------------------------------------------------------------------------------ ConsensusMC
 
 
-class ConsensusMC(Algorithm):
+class ConsensusMC(_Baseline):
     """Consensus Monte Carlo (Scott et al. 2016): each client samples its subposterior
     p(x_s | theta) p(theta)^(1/S) with NUTS (BlackJAX) on its own data; the server
     combines the clients' g-th draws by precision-weighted averaging,
@@ -459,7 +541,9 @@ class ConsensusMC(Algorithm):
     adaptation of the step size and a diagonal mass matrix) of ``burn_in * thin``
     transitions, discarded, unless ``num_warmup`` is given.
 
-    Runs on ``engine="local"`` (the engine redesign, issue 14, will add Ray).
+    Runs on ``engine="local"`` and on ``engine="ray"`` (one actor per client, its rows loaded
+    there; each client sends its draws up chunk by chunk, so that a failure keeps the draws
+    made: :mod:`fedmcmc.baselines.distributed`).
 
     Parameters
     ----------
@@ -480,7 +564,7 @@ class ConsensusMC(Algorithm):
         NUTS tree depth limit.
     """
 
-    engines = ("local",)
+    engines = ("local", "ray")
     name = "ConsensusMC"
     divergence_threshold: float = 1e10
     supports_resume: bool = False
@@ -506,10 +590,25 @@ class ConsensusMC(Algorithm):
             return self.num_warmup
         return burn_in * thin if burn_in > 0 else self.default_warmup
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
+    def settings_info(self, num_clients: int, warmup: int) -> dict:
+        """The settings as ``Result.info`` reports them (every engine)."""
+        return {"weighting": self.weighting, "warmup_steps": warmup, "num_clients": num_clients}
+
+    def check_run(self, dim: int, chains: int, num_samples: int) -> None:
+        """The weights W_s need enough draws per client: more than d for ``"precision"``,
+        2 for ``"diagonal"`` (``ValueError`` naming ``num_samples``)."""
+        if self.weighting == "precision" and chains * num_samples <= dim:
+            raise ValueError(
+                f"num_samples: weighting='precision' estimates each client's {dim}x{dim} "
+                f"covariance from chains x num_samples = {chains * num_samples} draws; take "
+                f"more than {dim} (or weighting='diagonal')")
+        if self.weighting == "diagonal" and chains * num_samples < 2:
+            raise ValueError("num_samples: weighting='diagonal' needs at least 2 draws per client")
+
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
+        """The run on the in-process engine (every chain of every client's NUTS vmapped)."""
         run_options = split_run_options(options, self.name)
-        _check_engine(engine, self.name)
         for option in ("start_draw", "resume_state", "on_draws", "on_chunk"):
             if run_options.get(option):
                 raise ValueError(f"{option}: ConsensusMC cannot resume or report draws chunk by "
@@ -518,13 +617,7 @@ class ConsensusMC(Algorithm):
         flat_model = model.flatten(init)
         dim = flat_model.dim
         num_clients = federation.num_clients
-        if self.weighting == "precision" and chains * num_samples <= dim:
-            raise ValueError(
-                f"num_samples: weighting='precision' estimates each client's {dim}x{dim} "
-                f"covariance from chains x num_samples = {chains * num_samples} draws; take "
-                f"more than {dim} (or weighting='diagonal')")
-        if self.weighting == "diagonal" and chains * num_samples < 2:
-            raise ValueError("num_samples: weighting='diagonal' needs at least 2 draws per client")
+        self.check_run(dim, chains, num_samples)
         padded = federation.padded()
         theta0 = flat_model.ravel(init)
         warmup = self.warmup_steps(burn_in, thin)
@@ -532,7 +625,7 @@ class ConsensusMC(Algorithm):
         warm_keys = jax.random.split(jax.random.fold_in(key, 2**20), chains)
         if warmup > 0:
             build = consensus.build_warmup(flat_model, padded, warmup, self.target_acceptance)
-            states = jax.jit(jax.vmap(build, in_axes=(0, None)))(warm_keys, theta0)
+            states = build(warm_keys, theta0)
         else:
             states = _stack(consensus.untuned_states(flat_model, padded, theta0, self.step_size),
                             chains)
@@ -550,25 +643,30 @@ class ConsensusMC(Algorithm):
             divergence_threshold=self.divergence_threshold, progress=progress, label=self.name,
             iterations_per_draw=thin, **run_options,
         )
+        final = run.state
+        info = self.settings_info(num_clients, warmup)
+        info["step_size_per_client"] = np.asarray(final.step_size).mean(axis=0).tolist()
+        kept = run.draws.shape[1]
+        # one round: init down to every client, every client's kept draws up
+        info.update(rounds=1, messages=2 * num_clients,
+                    floats_communicated=int(num_clients * dim + num_clients * chains * kept * dim))
+        info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
+        return self._result(run, flat_model, info, chains, thin, discard,
+                            np.asarray(final.divergences), np.asarray(final.acceptance))
+
+    def _result(self, run, flat_model, info, chains, thin, discard, divergences, acceptance):
+        """Combine the clients' draws of a run (``divergences``, ``acceptance``: the clients'
+        NUTS sums, ``(chains, S)``) into the result, or the error of a diverged run."""
+        dim = flat_model.dim
+        num_clients = run.draws.shape[-1] // dim
         kept = run.draws.shape[1]
         client_draws = np.asarray(run.draws).reshape(chains, kept, num_clients, dim)
-        final = run.state
         transitions = run.draws_done * thin
-        divergences = np.asarray(final.divergences).sum(axis=0)
-        acceptance = np.asarray(final.acceptance).sum(axis=0) / max(chains * transitions, 1)
-        info = {
-            "weighting": self.weighting,
-            "warmup_steps": warmup,
-            "num_clients": num_clients,
-            "step_size_per_client": np.asarray(final.step_size).mean(axis=0).tolist(),
-            "acceptance_per_client": acceptance.tolist(),
-            "divergent_transitions_per_client": divergences.astype(int).tolist(),
-            # one round: init down to every client, every client's kept draws up
-            "rounds": 1,
-            "messages": 2 * num_clients,
-            "floats_communicated": int(num_clients * dim + num_clients * chains * kept * dim),
-        }
-        info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
+        info.update(
+            acceptance_per_client=(acceptance.sum(axis=0) / max(chains * transitions, 1)
+                                   ).tolist(),
+            divergent_transitions_per_client=divergences.sum(axis=0).astype(int).tolist())
+        info.setdefault("rounds", 1)
         usable = kept
         if run.diverged.any():
             usable = int(max(0, min(run.first_bad_draw[run.diverged]) - discard))
@@ -580,17 +678,38 @@ class ConsensusMC(Algorithm):
             return unravel_numpy(flat_model, combined.astype(flat_model.dtype))
 
         needed = dim + 1 if self.weighting == "precision" else 2
-        if run.diverged.any():
+        if run.diverged.any() or run.failure is not None:
             result = None
             if chains * usable >= needed:
                 result = assemble_result(run, algorithm=self.name, unravel=combine, info=info,
                                          dim=dim, thin=thin, sample_stats={})
+            if run.failure is not None and not run.diverged.any():
+                if result is not None:  # the draws the clients sent before the failure
+                    result.info["client_samples"] = unravel_numpy(flat_model, client_draws)
+                return result
             raise diverged_error(self.name, result, divergence_details(run, thin), _diverged_cause(
                 self, "a client's subposterior is improper or NUTS failed; check the model on "
                 "each client's data"))
         result = assemble_result(run, algorithm=self.name, unravel=combine, info=info, dim=dim,
                                  thin=thin, sample_stats={})
         result.info["client_samples"] = unravel_numpy(flat_model, client_draws)
+        return result
+
+    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+                           init, num_samples, burn_in, thin, chains, seed, progress):
+        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        (:func:`fedmcmc.baselines.distributed.sample_consensus`; ``options``: checked engine
+        options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
+        messages (the draws go up chunk by chunk)."""
+        out = distributed.sample_consensus(self, model, federation, make_transport, engine_label,
+                                           options, init=init, num_samples=num_samples,
+                                           burn_in=burn_in, thin=thin, chains=chains, seed=seed,
+                                           progress=progress)
+        discard = burn_in if self.num_warmup is not None else 0
+        result = self._result(out.run, model.flatten(init), out.info, chains, thin, discard,
+                              out.state["divergences"], out.state["acceptance"])
+        if out.run.failure is not None:
+            raise _client_failure(self, engine_label, out.run, result)
         return result
 
 

@@ -21,10 +21,13 @@ for high dimensions) and ``"equal"`` the plain average (W_s = I). (Formulas are 
 out rather than cited by equation number: only the paper's abstract and first page could
 be consulted when this was written.)
 
-Every client of a chain is vmapped in one compiled program: the clients' data are
-stacked and padded to the largest client (``Federation.padded``) with a 0/1 mask, so a
-client's log density sums over its own rows only. Under ``vmap`` the NUTS trees of all
-clients are built together (each iteration costs the slowest client's tree).
+The clients' data are stacked and padded to the largest client (``Federation.padded``)
+with a 0/1 mask, so a client's log density sums over its own rows only. The warm-up runs
+one client after the other through one compiled program (:func:`build_chains_warmup`, which
+each client's endpoint runs on ``engine="ray"``: vmapped over clients, the adaptation rounded
+differently and the two engines' draws drifted apart); the transitions of every client of a
+chain are vmapped in one compiled program (the NUTS trees of all clients are built together:
+each iteration costs the slowest client's tree) and round exactly as one client's.
 
 Step-size convention: NUTS's own (BlackJAX's leapfrog step), not the Langevin one.
 """
@@ -43,7 +46,10 @@ from ..model import FlatModel
 __all__ = [
     "SubposteriorStates",
     "subposterior_log_density",
+    "build_client_warmup",
+    "build_chains_warmup",
     "build_warmup",
+    "build_client_transition",
     "untuned_states",
     "build_kernel",
     "combine",
@@ -74,15 +80,15 @@ def subposterior_log_density(flat_model: FlatModel, num_clients: int) -> Callabl
     return log_density
 
 
-def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
-                 target_acceptance_rate: float = 0.8) -> Callable:
-    """``(key, theta0 (d,)) -> SubposteriorStates``: window adaptation (diagonal mass
-    matrix, step size) of NUTS on every client's subposterior for ``num_steps`` steps,
-    all clients vmapped; client s's warm-up uses ``split(key, S)[s]``."""
+def build_client_warmup(flat_model: FlatModel, num_clients: int, num_steps: int,
+                        target_acceptance_rate: float = 0.8) -> Callable:
+    """``(key, data_s, mask_s, theta0) -> (NUTS state, step size, inverse mass)``: one
+    client's window adaptation (diagonal mass matrix, step size) of NUTS on its subposterior
+    p(x_s | theta) p(theta)^(1/S), ``num_steps`` steps from ``theta0``, on its own rows
+    (``mask_s``: 1 on its rows, 0 on padding)."""
     import blackjax
     from blackjax.adaptation.base import get_filter_adapt_info_fn
 
-    num_clients = int(padded.mask.shape[0])
     log_density = subposterior_log_density(flat_model, num_clients)
 
     def one(key, data, mask, theta0):
@@ -93,18 +99,51 @@ def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
         (state, parameters), _ = adaptation.run(key, theta0, num_steps=num_steps)
         return state, parameters["step_size"], parameters["inverse_mass_matrix"]
 
-    def warmup(key, theta0):
-        keys = jax.random.split(key, num_clients)
-        state, step_size, inverse_mass = jax.vmap(one, in_axes=(0, 0, 0, None))(
-            keys, padded.data, padded.mask, theta0)
+    return one
+
+
+def build_chains_warmup(flat_model: FlatModel, num_clients: int, num_steps: int,
+                        target_acceptance_rate: float = 0.8) -> Callable:
+    """``(keys (chains,), client, data_s, mask_s, theta0) -> (position, logdensity,
+    logdensity_grad, step_size, inverse_mass)``, each with a leading chain axis: client
+    ``client``'s warm-up (:func:`build_client_warmup`) of every chain, chain c with
+    ``split(keys[c], S)[client]``; compiled. The in-process engine calls it once per client
+    and every client's endpoint calls it on its own rows: the same program, so the same
+    numbers (the warm-up vmapped over clients rounds differently)."""
+    one = build_client_warmup(flat_model, num_clients, num_steps, target_acceptance_rate)
+
+    def chain(key, client, data, mask, theta0):
+        state, step_size, inverse_mass = one(jax.random.split(key, num_clients)[client], data,
+                                             mask, theta0)
+        return (state.position, state.logdensity, state.logdensity_grad,
+                jnp.asarray(step_size, theta0.dtype), inverse_mass)
+
+    return jax.jit(jax.vmap(chain, in_axes=(0, None, None, None, None)))
+
+
+def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
+                 target_acceptance_rate: float = 0.8) -> Callable:
+    """``(keys (chains,), theta0 (d,)) -> SubposteriorStates`` with leading axes (chains, S):
+    :func:`build_chains_warmup` on every client's subposterior, one client after the other;
+    client s's warm-up of chain c uses ``split(keys[c], S)[s]``."""
+    num_clients = int(padded.mask.shape[0])
+    warm = build_chains_warmup(flat_model, num_clients, num_steps, target_acceptance_rate)
+
+    def warmup(keys, theta0):
+        parts = [warm(keys, jnp.int32(s), jax.tree_util.tree_map(lambda leaf: leaf[s],
+                                                                  padded.data),
+                      padded.mask[s], theta0) for s in range(num_clients)]
+        position, logdensity, grad, step_size, inverse_mass = (
+            jnp.stack([part[i] for part in parts], axis=1) for i in range(5))
+        chains = keys.shape[0]
         return SubposteriorStates(
-            position=state.position,
-            logdensity=state.logdensity,
-            logdensity_grad=state.logdensity_grad,
-            step_size=jnp.asarray(step_size, theta0.dtype),
+            position=position,
+            logdensity=logdensity,
+            logdensity_grad=grad,
+            step_size=step_size,
             inverse_mass_matrix=inverse_mass,
-            divergences=jnp.zeros((num_clients,), jnp.int32),
-            acceptance=jnp.zeros((num_clients,), theta0.dtype),
+            divergences=jnp.zeros((chains, num_clients), jnp.int32),
+            acceptance=jnp.zeros((chains, num_clients), theta0.dtype),
         )
 
     return warmup
@@ -129,14 +168,14 @@ def untuned_states(flat_model: FlatModel, padded: PaddedData, theta0: jax.Array,
     )
 
 
-def build_kernel(flat_model: FlatModel, padded: PaddedData, max_num_doublings: int = 10
-                 ) -> Callable:
-    """``step(key, states) -> states``: one NUTS transition of every client's chain on its
-    subposterior (client s uses ``split(key, S)[s]``)."""
+def build_client_transition(flat_model: FlatModel, num_clients: int,
+                            max_num_doublings: int = 10) -> Callable:
+    """``(key, position, logdensity, grad, step_size, inverse_mass, data_s, mask_s) ->
+    (NUTS state, divergent, acceptance rate)``: one NUTS transition of one client's chain
+    on its subposterior, on its own rows."""
     import blackjax
     from blackjax.mcmc.hmc import HMCState
 
-    num_clients = int(padded.mask.shape[0])
     log_density = subposterior_log_density(flat_model, num_clients)
     nuts = blackjax.nuts.build_kernel()
 
@@ -145,6 +184,16 @@ def build_kernel(flat_model: FlatModel, padded: PaddedData, max_num_doublings: i
         state, info = nuts(key, HMCState(position, logdensity, grad), target, step_size,
                            inverse_mass, max_num_doublings=max_num_doublings)
         return state, info.is_divergent, info.acceptance_rate
+
+    return one
+
+
+def build_kernel(flat_model: FlatModel, padded: PaddedData, max_num_doublings: int = 10
+                 ) -> Callable:
+    """``step(key, states) -> states``: one NUTS transition (:func:`build_client_transition`)
+    of every client's chain on its subposterior (client s uses ``split(key, S)[s]``)."""
+    num_clients = int(padded.mask.shape[0])
+    one = build_client_transition(flat_model, num_clients, max_num_doublings)
 
     def step(key: jax.Array, states: SubposteriorStates) -> SubposteriorStates:
         keys = jax.random.split(key, num_clients)

@@ -76,7 +76,8 @@ from ..model import FlatModel
 from .common import batch_likelihood_gradients, client_rows
 
 __all__ = ["FALDState", "ControlVariates", "independent_noise_scales", "init", "build_kernel",
-           "draw", "count_draw"]
+           "draw", "count_draw", "round_participants", "start_round", "local_direction",
+           "local_move", "iteration_keys"]
 
 
 class FALDState(NamedTuple):
@@ -131,6 +132,72 @@ def count_draw(state: FALDState, local_steps: int) -> FALDState:
     return state._replace(uploads_inside_rounds=state.uploads_inside_rounds + uploads)
 
 
+def round_participants(key: jax.Array, weights: jax.Array, cumulative: jax.Array,
+                       step_size, clients_per_round: Optional[int] = None):
+    """(a_s, sigma_s) of a new round, for every client (the server's draw).
+
+    Full participation (``clients_per_round=None``): a_s = f_s and sigma_s = sqrt(h / f_s)
+    (Deng et al.'s independent noise). Partial participation (scheme I of Li et al. 2020):
+    K clients drawn with replacement with probabilities f_s from ``key`` (``cumulative``:
+    the cumulative f_s, float32); a client drawn m_s times gets a_s = m_s / K and
+    sigma_s = sqrt(K h / m_s), 0 for a client not drawn (see the module docstring)."""
+    if clients_per_round is None:
+        return weights, independent_noise_scales(step_size, weights)
+    num_clients = weights.shape[0]
+    dtype = weights.dtype
+    k = clients_per_round
+    u = rng.uniform(key, (k,))
+    chosen = jnp.minimum(jnp.searchsorted(cumulative, u, side="right"), num_clients - 1)
+    counts = jax.ops.segment_sum(jnp.ones((k,), dtype), chosen, num_segments=num_clients)
+    coefficient = counts / k
+    scale = jnp.where(counts > 0, jnp.sqrt(k * step_size / jnp.maximum(counts, 1.0)), 0.0)
+    return coefficient, scale
+
+
+def start_round(state: FALDState, coefficient: jax.Array, scale: jax.Array) -> FALDState:
+    """The server's average sum_s a_s theta_s of the last round sent to every client as the
+    new shared state, with the new round's (a_s, sigma_s)."""
+    server = draw(state)
+    return state._replace(
+        local=jnp.broadcast_to(server, state.local.shape),
+        coefficient=coefficient,
+        noise_scale=scale,
+        rounds=state.rounds + 1,
+        client_rounds=state.client_rounds + jnp.sum(coefficient > 0).astype(jnp.int32),
+    )
+
+
+def local_direction(prior, likelihood, weight, control=None):
+    """Client s's drift g_s (the module docstring's two formulas), elementwise in its
+    arguments (one client's (d,) vectors, or every client's (S, d) rows with ``weight``
+    f_s as an (S, 1) column).
+
+    FA-LD: g_s = grad log p(theta_s) + (1/f_s) grad-hat log p(x_s | theta_s), with
+    ``prior`` and ``likelihood`` those two gradients. VR-FALD*: ``control`` is
+    ``(prior_star, likelihood_star, gradient_star)``, the same at theta* (same minibatch)
+    and grad log pi(theta*), and g_s = prior - prior_star + (likelihood -
+    likelihood_star) / f_s + gradient_star."""
+    if control is None:
+        return prior + likelihood / weight
+    prior_star, likelihood_star, gradient_star = control
+    return prior - prior_star + (likelihood - likelihood_star) / weight + gradient_star
+
+
+def local_move(local, direction, step_size, scale, xi, present):
+    """One local step of a client's chain, theta_s + (h/2) g_s + sigma_s xi_s (``xi``
+    ``None``: no noise), applied where ``present`` (the client takes part in the round)."""
+    moved = local + 0.5 * step_size * direction
+    if xi is not None:
+        moved = moved + scale * xi
+    return jnp.where(present, moved, local)
+
+
+def iteration_keys(key: jax.Array):
+    """(round, minibatch, noise) keys of one iteration's key: the round key draws the
+    participants when the iteration starts a round."""
+    return rng.split_key(key, 3)
+
+
 def build_kernel(
     flat_model: FlatModel,
     data: ConcatenatedData,
@@ -155,55 +222,32 @@ def build_kernel(
     likelihood_gradients = batch_likelihood_gradients(flat_model, data)
     prior_gradients = jax.vmap(flat_model.grad_log_prior)
     h = jnp.asarray(step_size, dtype)
-    full_scale = independent_noise_scales(h, f)
 
     def directions(positions, picked):
         """g_s(theta_s) for every client, (S, d)."""
         likelihood = likelihood_gradients(positions, picked)
         prior = prior_gradients(positions)
         if control_variates is None:
-            return prior + likelihood / f[:, None]
+            return local_direction(prior, likelihood, f[:, None])
         star = jnp.broadcast_to(control_variates.position, positions.shape)
         likelihood_star = likelihood_gradients(star, picked)
         prior_star = flat_model.grad_log_prior(control_variates.position)
-        return (prior - prior_star[None, :] + (likelihood - likelihood_star) / f[:, None]
-                + control_variates.gradient[None, :])
+        return local_direction(prior, likelihood, f[:, None],
+                               (prior_star[None, :], likelihood_star,
+                                control_variates.gradient[None, :]))
 
-    def participants(key):
-        """(a_s, sigma_s) of a new round."""
-        if clients_per_round is None:
-            return f, full_scale
-        k = clients_per_round
-        u = rng.uniform(key, (k,))
-        chosen = jnp.minimum(jnp.searchsorted(cumulative, u, side="right"), num_clients - 1)
-        counts = jax.ops.segment_sum(jnp.ones((k,), dtype), chosen, num_segments=num_clients)
-        coefficient = counts / k
-        scale = jnp.where(counts > 0, jnp.sqrt(k * h / jnp.maximum(counts, 1.0)), 0.0)
-        return coefficient, scale
-
-    def start_round(key, state: FALDState) -> FALDState:
-        server = draw(state)
-        coefficient, scale = participants(key)
-        return state._replace(
-            local=jnp.broadcast_to(server, state.local.shape),
-            coefficient=coefficient,
-            noise_scale=scale,
-            rounds=state.rounds + 1,
-            client_rounds=state.client_rounds + jnp.sum(coefficient > 0).astype(jnp.int32),
-        )
+    def new_round(key, state: FALDState) -> FALDState:
+        return start_round(state, *round_participants(key, f, cumulative, h, clients_per_round))
 
     def step(key: jax.Array, state: FALDState) -> FALDState:
-        key_round, key_batch, key_noise = rng.split_key(key, 3)
-        state = jax.lax.cond(state.iteration % local_steps == 0, start_round,
+        key_round, key_batch, key_noise = iteration_keys(key)
+        state = jax.lax.cond(state.iteration % local_steps == 0, new_round,
                              lambda k, s: s, key_round, state)
         picked = client_rows(rng.uniform(key_batch, (num_clients, batch_size)), data,
                              may_be_smaller)
-        moved = state.local + 0.5 * h * directions(state.local, picked)
-        if noise:
-            xi = rng.normal(key_noise, state.local.shape, dtype)
-            moved = moved + state.noise_scale[:, None] * xi
-        present = (state.coefficient > 0)[:, None]
-        return state._replace(local=jnp.where(present, moved, state.local),
-                              iteration=state.iteration + 1)
+        xi = rng.normal(key_noise, state.local.shape, dtype) if noise else None
+        moved = local_move(state.local, directions(state.local, picked), h,
+                           state.noise_scale[:, None], xi, (state.coefficient > 0)[:, None])
+        return state._replace(local=moved, iteration=state.iteration + 1)
 
     return step

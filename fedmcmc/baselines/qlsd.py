@@ -73,6 +73,10 @@ __all__ = [
     "init_plus_plus",
     "build_kernel",
     "build_kernel_plus_plus",
+    "langevin_move",
+    "client_gradient",
+    "controlled_gradient",
+    "iteration_keys",
 ]
 
 
@@ -144,11 +148,32 @@ def _pieces(flat_model, data, weights, batch_size) -> _Pieces:
     )
 
 
-def _move(position, direction, step_size, key, noise):
+def langevin_move(position, direction, step_size, key, noise):
+    """The server's step theta + (h/2) v + sqrt(h) xi, with v the sum of what the clients
+    sent (QLSD) or sum_s (eta_s + q_s) (QLSD++); ``key`` draws xi."""
     moved = position + 0.5 * step_size * direction
     if noise:
         moved = moved + jnp.sqrt(step_size) * rng.normal(key, position.shape, position.dtype)
     return moved
+
+
+def client_gradient(prior_gradient, likelihood_gradient, weight):
+    """H_s(theta) = f_s grad log p(theta) + (n_s / m) sum_j grad log p(x_j | theta): client
+    s's unbiased stochastic gradient of log pi_s (``likelihood_gradient``: the minibatch
+    estimate), elementwise (one client, or every client's rows with an (S, 1) ``weight``)."""
+    return weight * prior_gradient + likelihood_gradient
+
+
+def controlled_gradient(exact, prior_difference, likelihood_difference, weight):
+    """QLSD++'s control-variate gradient G_s + f_s (grad log p(theta) - grad log p(zeta)) +
+    (n_s / m) sum_j [grad log p(x_j | theta) - grad log p(x_j | zeta)] (same minibatch at
+    theta and zeta), from G_s = grad log pi_s(zeta) and the two differences."""
+    return exact + weight * prior_difference + likelihood_difference
+
+
+def iteration_keys(key: jax.Array):
+    """(minibatch, quantisation, noise) keys of one chain's iteration key."""
+    return rng.split_key(key, 3)
 
 
 def build_kernel(
@@ -165,16 +190,17 @@ def build_kernel(
     h = jnp.asarray(step_size, flat_model.dtype)
 
     def step(key: jax.Array, state: QLSDState) -> QLSDState:
-        key_batch, key_quant, key_noise = rng.split_key(key, 3)
+        key_batch, key_quant, key_noise = iteration_keys(key)
         theta = state.position
         picked = client_rows(rng.uniform(key_batch, (p.num_clients, batch_size)), data,
                              p.may_be_smaller)
         positions = jnp.broadcast_to(theta, (p.num_clients,) + theta.shape)
-        gradients = (p.f[:, None] * flat_model.grad_log_prior(theta)[None, :]
-                     + p.likelihood_gradients(positions, picked))
+        gradients = client_gradient(flat_model.grad_log_prior(theta)[None, :],
+                                    p.likelihood_gradients(positions, picked), p.f[:, None])
         uniforms = rng.uniform(key_quant, gradients.shape)
         sent = jax.vmap(lambda u, v: quantize(u, v, levels))(uniforms, gradients)
-        return QLSDState(position=_move(theta, jnp.sum(sent, axis=0), h, key_noise, noise),
+        return QLSDState(position=langevin_move(theta, jnp.sum(sent, axis=0), h, key_noise,
+                                                noise),
                          iteration=state.iteration + 1)
 
     return step
@@ -199,7 +225,8 @@ def build_kernel_plus_plus(
     alpha = jnp.asarray(memory_rate, flat_model.dtype)
 
     def refreshed(theta, state, picked):
-        exact = p.f[:, None] * flat_model.grad_log_prior(theta)[None, :] + full_gradients(theta)
+        exact = client_gradient(flat_model.grad_log_prior(theta)[None, :],
+                                full_gradients(theta), p.f[:, None])
         return theta, exact, exact
 
     def controlled(theta, state, picked):
@@ -208,10 +235,10 @@ def build_kernel_plus_plus(
         difference = (p.likelihood_gradients(jnp.broadcast_to(theta, shape), picked)
                       - p.likelihood_gradients(jnp.broadcast_to(zeta, shape), picked))
         prior = flat_model.grad_log_prior(theta) - flat_model.grad_log_prior(zeta)
-        return zeta, exact, exact + p.f[:, None] * prior[None, :] + difference
+        return zeta, exact, controlled_gradient(exact, prior[None, :], difference, p.f[:, None])
 
     def step(key: jax.Array, state: QLSDPlusPlusState) -> QLSDPlusPlusState:
-        key_batch, key_quant, key_noise = rng.split_key(key, 3)
+        key_batch, key_quant, key_noise = iteration_keys(key)
         theta = state.position
         picked = client_rows(rng.uniform(key_batch, (p.num_clients, batch_size)), data,
                              p.may_be_smaller)
@@ -221,7 +248,7 @@ def build_kernel_plus_plus(
         sent = jax.vmap(lambda u, v: quantize(u, v, levels))(uniforms, gradients - state.memory)
         direction = jnp.sum(state.memory + sent, axis=0)
         return QLSDPlusPlusState(
-            position=_move(theta, direction, h, key_noise, noise),
+            position=langevin_move(theta, direction, h, key_noise, noise),
             memory=state.memory + alpha * sent,
             reference=zeta,
             reference_gradients=exact,

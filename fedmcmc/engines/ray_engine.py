@@ -51,7 +51,8 @@ Options of ``fm.sample(..., engine="ray", **options)``:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from .comm import ClientFailure, Pending, Transport
 from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this module's API
@@ -61,7 +62,7 @@ from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this modul
     ray_session,
 )
 
-__all__ = ["ray_session", "RayTransport", "UnauthenticatedClusterError"]
+__all__ = ["ray_session", "ray_transports", "RayTransport", "UnauthenticatedClusterError"]
 
 
 class RayTransport(Transport):
@@ -147,3 +148,15 @@ class RayTransport(Transport):
             if client not in self._dead:
                 self.kill(client)
         self.actors = []
+
+
+@contextlib.contextmanager
+def ray_transports(options: Dict[str, Any]) -> Iterator[Callable[[Sequence[tuple]], RayTransport]]:
+    """The Ray session of one run (:func:`ray_session` with the engine options
+    ``ray_address``, ``ray_init_options``, ``allow_unauthenticated_cluster``) and, inside it,
+    the ``make_transport(specs)`` a pattern's driver takes: a :class:`RayTransport` with one
+    actor per client, placed by ``client_resources``, reserving ``client_num_cpus`` each."""
+    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
+                     options.get("allow_unauthenticated_cluster", False)):
+        yield lambda specs: RayTransport(specs, resources=options.get("client_resources"),
+                                         num_cpus=options.get("client_num_cpus", 0))

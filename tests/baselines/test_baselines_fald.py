@@ -310,15 +310,12 @@ def test_bad_arguments_name_the_argument(kwargs, argument):
         fm.FALD(**kwargs)
 
 
-def test_bad_reference_point_and_engine():
+def test_bad_reference_point():
     federation = gaussian_federation()
     algorithm = fm.FALD(step_size=1e-3, batch_size=5, local_steps=2, variance_reduction=True,
                         reference_point=jnp.zeros(3))
     with pytest.raises(ValueError, match="reference_point"):
         run(algorithm, federation, GAUSSIAN, num_samples=5)
-    with pytest.raises(ValueError, match="engine"):
-        fm.sample(GAUSSIAN, federation, fm.FALD(step_size=1e-3, batch_size=5, local_steps=2),
-                  init=jnp.zeros(DIM), num_samples=5, engine="ray")
 
 
 def test_divergence_keeps_the_draws_made_before():

@@ -3,7 +3,8 @@
 Every test binds loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before
 Ray is imported, ``_node_ip_address="127.0.0.1"``), bounds its run time
 (``visit_timeout`` on every run, small problems) and shuts down what it starts
-(module-scoped fixture; the multi-node test shuts its cluster down).
+(the module-scoped fixture ``local_ray`` of ``tests/conftest.py``; the multi-node test
+shuts its cluster down).
 
 Audit rule (test_client_messages_are_parameter_sized): every array a client
 actor sends is parameter-sized: its last axis has length d (a position, a draw
@@ -40,19 +41,6 @@ from toy_problems import (  # noqa: E402
 )
 
 TIMEOUT = 120.0  # seconds any one message may take: bounds every run
-
-
-@pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    temp_dir = str(tmp_path_factory.mktemp("ray"))
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local", include_dashboard=False, num_cpus=2, _temp_dir=temp_dir,
-        _node_ip_address="127.0.0.1", log_to_driver=False,
-    )
-    yield ray
-    ray.shutdown()
 
 
 def _listening_addresses():
