@@ -429,10 +429,10 @@ class DSGLD(_LangevinAlgorithm):
             return estimators.ControlVariates(
                 anchor=anchor, anchor_gradients=_anchor_gradients(flat_model, federation, anchor))
 
-        conducive = None
-        if surrogates is not None:
-            def conducive(client):
-                return (self.alpha, surrogates.precision[client], surrogates.shift[client])
+        def surrogate_part(client):
+            return (self.alpha, surrogates.precision[client], surrogates.shift[client])
+
+        conducive = None if surrogates is None else surrogate_part
 
         kinds = step_size_module.candidate_variates(self._variates_kind(),
                                                     self.step_size == "auto")
