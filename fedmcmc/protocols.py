@@ -94,7 +94,10 @@ class ServerSide(NamedTuple):
     failing client raises :class:`~fedmcmc.engines.comm.ClientFailureError`.
     ``flat_model`` and ``theta0`` (the flat initial position) describe the
     parameter, ``num_clients`` and ``seed`` the federation and the run; ``info`` is the
-    run's ``Result.info``, to which set-up adds what it chose.
+    run's ``Result.info``, to which set-up adds what it chose. ``weights``: the federation's
+    f_s (for data that stay on the clients, from the sizes they reported) and
+    ``weights_given`` whether the user gave them; :meth:`HandoffProtocol.scheduler_weights`
+    is asked after :meth:`HandoffProtocol.prepare`, so a set-up may choose other f_s.
     """
 
     ask: Callable[[str, Callable[[int], tuple], Optional[Sequence[int]]], List[Any]]
@@ -103,6 +106,8 @@ class ServerSide(NamedTuple):
     num_clients: int
     seed: int
     info: Dict[str, Any]
+    weights: Any = None
+    weights_given: bool = False
 
 
 class HandoffProtocol:

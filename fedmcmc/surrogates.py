@@ -56,6 +56,8 @@ __all__ = [
     "product",
     "grad_log_surrogate",
     "matvec",
+    "taylor_surrogates",
+    "expand_at_global_mode",
 ]
 
 
@@ -281,8 +283,18 @@ def fit_laplace(
     return (surrogates, modes) if with_modes else surrogates
 
 
-def expand_at_global_mode(flat_model: FlatModel, federation: Federation,
-                          surrogates: GaussianSurrogates, theta0: jax.Array, rounds: int = 3):
+def taylor_surrogates(flat_model: FlatModel, federation: Federation, anchor: jax.Array,
+                      diagonal: bool) -> GaussianSurrogates:
+    """Every client's second-order expansion of its log likelihood at the one point
+    ``anchor`` (d,), on its own rows: one round of :func:`expand_at_global_mode` (a client
+    on Ray runs it on a federation of its own rows only)."""
+    anchors = jnp.broadcast_to(anchor, (federation.num_clients,) + jnp.shape(anchor))
+    return _taylor_surrogate(flat_model, anchors, federation.padded(), diagonal)
+
+
+def expand_at_global_mode(flat_model: FlatModel, federation: Optional[Federation],
+                          surrogates: GaussianSurrogates, theta0: jax.Array, rounds: int = 3,
+                          expand=None):
     """Surrogates re-expanded at the *global* mode (used by FSGLD's ``step_size="auto"``).
 
     Laplace surrogates are expansions at each client's own mode; for a client with a
@@ -294,14 +306,19 @@ def expand_at_global_mode(flat_model: FlatModel, federation: Federation,
     point (d + d^2 floats back); ``rounds`` such rounds are a distributed Newton method
     on the global posterior. At the final mode every client's q_s matches its gradient
     and curvature, so the conducive term cancels the client offsets there to first order.
-    Returns ``(surrogates, mode)``.
+
+    ``expand(center) -> GaussianSurrogates``: the clients' expansions at ``center``
+    (default: :func:`taylor_surrogates` of ``federation``; on Ray each client computes its
+    own). Returns ``(surrogates, mode)``.
     """
-    padded = federation.padded()
     diagonal = surrogates.diagonal
+    if expand is None:
+        def expand(center):
+            return taylor_surrogates(flat_model, federation, center, diagonal)
+
     center, _ = laplace_of_product(flat_model, surrogates, theta0)
     for _ in range(int(rounds)):
-        anchors = jnp.broadcast_to(center, (federation.num_clients,) + center.shape)
-        surrogates = _taylor_surrogate(flat_model, anchors, padded, diagonal)
+        surrogates = expand(center)
         center, _ = laplace_of_product(flat_model, surrogates, center)
     return surrogates, center
 

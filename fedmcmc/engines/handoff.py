@@ -400,7 +400,6 @@ def sample_handoff(
         # their sizes (hence the default f_s) from the clients' descriptions
         federation = describe_federation(transport, federation, model, init)
         phases["clients_started"] = time.perf_counter() - phase_started
-        weights = np.asarray(protocol.scheduler_weights(federation.weights), np.float64)
         transport.audit = bool(audit_messages)
         setup_started = time.perf_counter()
         timeout = [None]  # set-up before sampling waits without a limit (it compiles)
@@ -411,9 +410,13 @@ def sample_handoff(
             return gather_before_sampling(transport, pendings, timeout[0])
 
         server = ServerSide(ask=ask, flat_model=flat_model, theta0=theta0,
-                            num_clients=num_clients, seed=int(seed), info=info)
+                            num_clients=num_clients, seed=int(seed), info=info,
+                            weights=np.asarray(federation.weights, np.float64),
+                            weights_given=bool(federation.weights_given))
         prepared = protocol.prepare(server)
         phases["prepare"] = time.perf_counter() - setup_started
+        # after prepare: its set-up may have chosen the f_s (client_selection)
+        weights = np.asarray(protocol.scheduler_weights(federation.weights), np.float64)
 
         def configure(current_weights: np.ndarray) -> None:
             kept = [s for s in range(num_clients) if current_weights[s] > 0]

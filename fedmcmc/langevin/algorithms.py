@@ -8,7 +8,6 @@ papers' convention: ``theta + (h/2) grad + N(0, h I)`` with ``h = step_size``.
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -32,11 +31,11 @@ from .. import surrogates as surrogate_module
 from . import dsgld, fsgld, sgld
 from . import step_size as step_size_module
 from . import estimators
-from .estimators import draw_minibatch, dsgld_gradient
-from .handoff import DSGLDProtocol, FSGLDProtocol
+from .estimators import estimator_moments, unscaled_noise
+from .handoff import ClientSetup, DSGLDProtocol, FSGLDProtocol, setup_key
+from .step_size import StepSizeWarning
 from ..schedules import as_schedule, describe_step_size
 from ..engines.handoff import sample_on_ray
-from .estimators import estimator_moments
 
 __all__ = ["SGLD", "DSGLD", "FSGLD", "StepSizeWarning"]
 
@@ -57,31 +56,24 @@ def _check_tolerance(tolerance: Any) -> float:
     return tolerance
 
 
-#: minibatch draws per client for the estimator moments of "auto" and of the h check
-NOISE_PROBES_PER_CLIENT = 64
-
-
-#: Laplace draws per client at which the within-client noise is measured
-NOISE_POINTS_PER_CLIENT = 16
-
-
-def _client_noise(estimate, num_clients: int, center, precision, key, dim: int):
-    """Every client's noise statistics of its own estimator (``step_size.client_noise``, key
-    ``fold_in(key, s)``), computed from its own minibatches at draws of the Laplace fit
-    (center, precision): d + d^2 floats (or d + 1 above ``FULL_MOMENTS_MAX_DIM``) per client.
-    ``estimate(client, theta, key) -> (d,)``. Returns (within (S, ...), means (S, d))."""
-    full = dim <= step_size_module.FULL_MOMENTS_MAX_DIM
-    points = step_size_module.laplace_points(
-        jnp.asarray(center), jnp.asarray(precision, jnp.asarray(center).dtype),
-        jax.random.fold_in(key, 2**16), NOISE_POINTS_PER_CLIENT)
+def _client_noise(flat_model, data, num_clients: int, batch_size: int, center, precision, key,
+                  variates=None, conducive=None):
+    """Every client's noise statistics of the unscaled part of its own estimator
+    (``estimators.unscaled_noise``, key ``fold_in(key, s)``, at the points
+    ``step_size.noise_points``), vmapped over the clients of ``data``: d + d^2 floats (or
+    d + 1 above ``FULL_MOMENTS_MAX_DIM``) per client, what each client computes on Ray.
+    ``conducive(client) -> (alpha, P_s, b_s)`` or ``None``. Returns ``step_size.ClientNoise``."""
+    full = flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
+    points = step_size_module.noise_points(center, precision, key)
 
     def one(client):
-        return step_size_module.client_noise(
-            lambda theta, k: estimate(client, theta, k), jnp.asarray(center), points,
-            jax.random.fold_in(key, client), NOISE_PROBES_PER_CLIENT, full)
+        return unscaled_noise(
+            flat_model, data, client, batch_size, jnp.asarray(center), points,
+            jax.random.fold_in(key, client), step_size_module.NOISE_PROBES_PER_CLIENT, full,
+            variates, None if conducive is None else conducive(client))
 
     within, means = jax.jit(jax.vmap(one))(jnp.arange(num_clients, dtype=jnp.int32))
-    return np.asarray(within), np.asarray(means)
+    return step_size_module.ClientNoise(within=np.asarray(within), means=np.asarray(means))
 
 
 def _anchor_gradients(flat_model, federation, anchor):
@@ -106,39 +98,6 @@ def _weights_of(settings: _Settings, federation_weights):
     return jnp.asarray(settings.client_weights, dtype=jnp.float32)
 
 
-def _step_size_choice(step_size, tolerance, precision, covariance, name: str, info: dict) -> float:
-    """Resolve ``"auto"`` or check a given h (a warning when minibatch noise dominates);
-    record the choice in ``info``; returns the h the kernel uses (or the schedule)."""
-    if isinstance(step_size, str):
-        choice = step_size_module.choose_step_size(precision, covariance, tolerance)
-        info.update(choice.info(), step_size_auto=True, step_size_tolerance=tolerance)
-        return choice.step_size
-    if callable(step_size):
-        return step_size
-    choice = step_size_module.predict(step_size, precision, covariance)
-    info.update({k: v for k, v in choice.info().items() if k != "step_size"})
-    if choice.minibatch_noise_ratio > 1:
-        better = step_size_module.step_for_ratio(choice, tolerance)
-        warnings.warn(
-            f"{name}: step_size={step_size:g} makes minibatch noise {choice.minibatch_noise_ratio:.3g}x "
-            f"the injected noise (posterior variances inflated about that much); "
-            f"step_size={better:.3g} brings the ratio to {tolerance:g}, or pass step_size='auto'",
-            StepSizeWarning, stacklevel=4)
-    if choice.discretisation_ratio >= 1:
-        # (h/4) lambda_max(P) >= 1: h lambda_max >= 4, past the stability limit of the
-        # discretised dynamics along the stiffest direction; no safeguard on the conducive
-        # term can hold such a chain (the data term alone makes it explode)
-        stable = 4.0 * step_size / (4.0 * choice.discretisation_ratio)
-        warnings.warn(
-            f"{name}: step_size={step_size:g} gives (h/4) lambda_max = "
-            f"{choice.discretisation_ratio:.3g} for the posterior's largest curvature: above "
-            f"the stability limit h < 4 / lambda_max = {stable:.3g}, the chain will likely "
-            f"diverge; pass "
-            f"step_size='auto' or a step below {stable:.3g}",
-            StepSizeWarning, stacklevel=4)
-    return step_size
-
-
 class _Settings(NamedTuple):
     """A Langevin run's resolved settings (``"auto"``, control variates, FSGLD's surrogates
     and trust region), what the in-process kernel and the Ray protocol are both built from."""
@@ -149,10 +108,6 @@ class _Settings(NamedTuple):
     global_surrogate: Any = None  # FSGLD: surrogates.ProductSurrogate
     trust_region: Any = None  # FSGLD: fsgld.TrustRegion or None
     client_weights: Any = None  # the scheduler's f_s when the set-up chose them, else None
-
-
-class StepSizeWarning(UserWarning):
-    """A given step size lets minibatch noise dominate the injected noise."""
 
 
 class _LangevinAlgorithm(Algorithm):
@@ -316,15 +271,13 @@ class SGLD(_LangevinAlgorithm):
         pooled = ConcatenatedData(data=data.data, offsets=data.offsets[:1],
                                   sizes=jnp.sum(data.sizes, dtype=jnp.int32)[None])
 
-        def estimate(client, theta, probe_key):
-            minibatch = draw_minibatch(probe_key, pooled, client, self.batch_size)
-            return dsgld_gradient(flat_model, theta, minibatch, 1.0)
-
-        within, means = _client_noise(estimate, 1, center, precision, jax.random.fold_in(key, 7),
-                                      flat_model.dim)
-        covariance = step_size_module.noise_covariance([1.0], within, means)
-        return _step_size_choice("auto", self.step_size_tolerance, np.asarray(precision),
-                                 covariance, self.name, info)
+        # the pooled estimator's noise: one "client" holding every row (the prior's
+        # gradient, common to all draws, does not change it)
+        noise = _client_noise(flat_model, pooled, 1, self.batch_size, center, precision,
+                              jax.random.fold_in(key, 7))
+        covariance = step_size_module.noise_covariance([1.0], noise.within, noise.means)
+        return step_size_module.resolve_step_size(
+            "auto", self.step_size_tolerance, np.asarray(precision), covariance, self.name, info)
 
 
 class DSGLD(_LangevinAlgorithm):
@@ -401,12 +354,24 @@ class DSGLD(_LangevinAlgorithm):
         """This algorithm as a hand-off protocol (what the clients and the server of the Ray
         engine run; ``fedmcmc.langevin.handoff``). ``settings``: the resolved ones
         (:meth:`_resolve`: a numeric h, the control variates' anchor, f_s), else the
-        constructor's."""
+        constructor's, with ``"auto"`` and the variance reduction resolved by the protocol's
+        set-up from the clients' replies (``handoff.ClientSetup``)."""
+        setup = None if settings is not None else self._client_setup()
         settings = settings or _Settings(step_size=self.step_size)
         anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
         return DSGLDProtocol(settings.step_size, self.batch_size, self.local_steps, self.noise,
                              self.divergence_threshold, anchor=anchor,
-                             client_weights=settings.client_weights)
+                             client_weights=settings.client_weights, setup=setup)
+
+    def _client_setup(self) -> Optional[ClientSetup]:
+        """What the protocol's server resolves from the clients' replies when no resolved
+        settings are given (data that stay on the clients): ``"auto"``, the control variates
+        and f_s, if any of them is asked for."""
+        if not self._needs_driver_setup():
+            return None
+        return ClientSetup(tolerance=self.step_size_tolerance,
+                           control_variates=self._variates_kind(),
+                           client_selection=self.client_selection)
 
     def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> _Settings:
         """The run's settings: ``"auto"``, the control variates and f_s resolved (``info``
@@ -425,10 +390,7 @@ class DSGLD(_LangevinAlgorithm):
         return _Settings(step_size=step_size, variates=variates, client_weights=chosen)
 
     def _check_selection(self, federation) -> None:
-        if self.client_selection == "variance" and federation.weights_given:
-            raise ValueError(
-                "client_selection='variance' chooses f_s itself, but the federation has "
-                "weights given by the user; drop one of the two")
+        step_size_module.check_selection(self.client_selection, federation.weights_given)
 
     def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
         settings = self._resolve(flat_model, federation, data, weights, key, theta0, info)
@@ -437,24 +399,24 @@ class DSGLD(_LangevinAlgorithm):
             as_schedule(settings.step_size), self.noise, control_variates=settings.variates,
         )
 
+    def _check_auto_surrogate(self) -> None:
+        """Settings "auto" cannot resolve (FSGLD: surrogate='sgld' without its step size)."""
+
     def _needs_driver_setup(self) -> bool:
         return (self.step_size == "auto" or self._variates_kind() not in (None, "none")
                 or self.client_selection == "variance")
 
     def _resolve_noise(self, flat_model, federation, data, weights, center, precision, key,
-                       surrogate_term, info, modes):
+                       surrogates, info, modes):
         """``"auto"`` or the check of a given h (``step_size.py``), the control variates and
         the client selection, from the clients' noise statistics of their own estimator
-        (``step_size.ClientNoise``: its unscaled part r_s, so any f_s can be evaluated).
+        (``step_size.ClientNoise``: its unscaled part r_s, so any f_s can be evaluated),
+        chosen by ``step_size.choose_settings`` (the decision logic of every engine).
 
-        ``surrogate_term(theta, client)``: FSGLD's part of r_s, ``-alpha grad log q_s``.
-        ``modes``: the clients' Laplace modes (the anchors of ``control_variates="client"``).
-        Automatic choices (``None``, under ``step_size="auto"``): the anchor ("global",
-        "client" or none) and f_s ("variance" or the federation's) that allow the largest h,
-        a control variate only if it more than doubles h (it costs a second gradient per
-        row), "variance" only if it gives at least 1.25x. Returns (h, variates, f_s or None).
+        ``surrogates``: FSGLD's (its part of r_s is ``-alpha grad log q_s``), else ``None``.
+        ``modes``: the clients' Laplace modes (the anchors of ``control_variates="client"``),
+        or a function that finds them. Returns (h, variates, f_s or None).
         """
-        proportional = np.asarray(weights, np.float64)
         anchors = {
             "global": lambda: jnp.asarray(center),
             "client": lambda: jnp.asarray(modes() if callable(modes) else modes),
@@ -467,79 +429,26 @@ class DSGLD(_LangevinAlgorithm):
             return estimators.ControlVariates(
                 anchor=anchor, anchor_gradients=_anchor_gradients(flat_model, federation, anchor))
 
-        def noise_of(variates):
-            def estimate(client, theta, probe_key):
-                minibatch = draw_minibatch(probe_key, data, client, self.batch_size)
-                if variates is None:
-                    value = estimators.client_gradient(flat_model, theta, minibatch)
-                else:
-                    value = estimators.control_variate_gradient(
-                        flat_model, theta, minibatch, client, variates)
-                if surrogate_term is not None:
-                    value = value + surrogate_term(theta, client)
-                return value
+        def surrogate_part(client):
+            return (self.alpha, surrogates.precision[client], surrogates.shift[client])
 
-            within, means = _client_noise(estimate, int(proportional.shape[0]), center,
-                                          precision, jax.random.fold_in(key, 11), flat_model.dim)
-            return step_size_module.ClientNoise(within=within, means=means)
+        conducive = None if surrogates is None else surrogate_part
 
-        precision = np.asarray(precision)
-        automatic = self.step_size == "auto"
-        kind = self._variates_kind()
-        # automatic: none or the global anchor. Client anchors lost to the global one
-        # wherever measured (benchmarks/bench_auto_step.py --variance-reduction: FSGLD on
-        # Exam by school 468x against 9.9x the step size of none, on Contraception by
-        # district 246x against 3.6x; DSGLD 1.08x / 1.35x against 1.08x / 1.30x): at the
-        # global posterior a client's own mode is far from theta for heterogeneous clients,
-        # and the noise of a control variate grows with |theta - theta*|
-        kinds = [kind or "none"] if (kind or not automatic) else ["none", "global"]
-        selection = self.client_selection
-        if selection is None:
-            selection = None if automatic and not federation.weights_given else "proportional"
-
-        def choose(noise):
-            """(f_s or None, h under "auto") for one anchor's noise statistics."""
-            candidates = {"proportional": None}
-            if selection in (None, "variance"):
-                candidates["variance"] = step_size_module.variance_weights(
-                    noise, proportional, self.local_steps)
-            steps = {name: step_size_module.choose_step_size(
-                precision, step_size_module.scaled_noise_covariance(
-                    proportional if f is None else f, noise, self.local_steps),
-                self.step_size_tolerance).step_size for name, f in candidates.items()}
-            if selection is None:
-                gain = steps["variance"] / steps["proportional"]
-                name = "variance" if gain >= 1.25 else "proportional"
-            else:
-                name = selection
-            return candidates[name], steps[name], steps
-
-        noises, chosen = {}, {}
-        for candidate in kinds:
-            variates = variates_of(candidate)
-            noises[candidate] = (variates, noise_of(variates))
-            chosen[candidate] = choose(noises[candidate][1])
-        if len(kinds) > 1:
-            plain = chosen["none"][1]
-            info["control_variates_step_gain"] = {
-                k: chosen[k][1] / plain for k in kinds if k != "none"}
-            best = max(kinds[1:], key=lambda k: chosen[k][1])
-            kind = best if chosen[best][1] > 2.0 * plain else "none"
-        else:
-            kind = kinds[0]
-        variates, noise = noises[kind]
-        client_weights, _, steps = chosen[kind]
-        if "variance" in steps:
-            info["client_selection_step_gain"] = steps["variance"] / steps["proportional"]
-        info["control_variates"] = False if kind == "none" else kind
-        info["client_selection"] = "proportional" if client_weights is None else "variance"
-        if client_weights is not None:
-            info["client_weights"] = client_weights.tolist()
-        covariance = step_size_module.scaled_noise_covariance(
-            proportional if client_weights is None else client_weights, noise, self.local_steps)
-        step_size = _step_size_choice(self.step_size, self.step_size_tolerance, precision,
-                                      covariance, self.name, info)
-        return step_size, variates, client_weights
+        kinds = step_size_module.candidate_variates(self._variates_kind(),
+                                                    self.step_size == "auto")
+        variates, noises = {}, {}
+        for kind in kinds:
+            variates[kind] = variates_of(kind)
+            noises[kind] = _client_noise(
+                flat_model, data, federation.num_clients, self.batch_size, center, precision,
+                jax.random.fold_in(key, step_size_module.NOISE_STREAM), variates[kind],
+                conducive)
+        kind, client_weights, step_size = step_size_module.choose_settings(
+            noises, np.asarray(precision), np.asarray(weights, np.float64),
+            step_size=self.step_size, tolerance=self.step_size_tolerance,
+            local_steps=self.local_steps, selection=self.client_selection,
+            weights_given=federation.weights_given, name=self.name, info=info)
+        return step_size, variates[kind], client_weights
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
@@ -548,22 +457,21 @@ class DSGLD(_LangevinAlgorithm):
                     "batch_size": self.batch_size}
             if not self._needs_driver_setup():
                 protocol = self.handoff_protocol()
+            elif federation.is_deferred:
+                # data that stay on the clients: the protocol's set-up asks each client for
+                # its statistics (a few floats each) and chooses with the in-process set-up's
+                # functions, so the h, anchor and f_s are the in-process ones
+                self._check_auto_surrogate()
+                protocol = self.handoff_protocol()
             else:
                 # "auto" (and the control variates) resolved by the driver from the federation
                 # it holds, by the in-process engine's computation (each client's statistics
                 # of its own estimator): the same h, surrogates and anchor, hence the same draws
-                if federation.is_deferred:
-                    raise ValueError(
-                        f"step_size='auto' and control_variates=True are not available for "
-                        f"{self.name} on engine='ray' with Federation.from_loaders yet (the "
-                        "driver holds no rows to set them up from): run once on a federation "
-                        "you hold and pass result.info['step_size'] as a number")
                 flat_model = model.flatten(init)
                 settings = self._resolve(
                     flat_model, federation, federation.concatenated(),
                     jnp.asarray(federation.weights, dtype=jnp.float32),
-                    jax.random.fold_in(jax.random.key(seed), 2**20), flat_model.ravel(init),
-                    info)
+                    setup_key(seed), flat_model.ravel(init), info)
                 info["step_size"] = describe_step_size(settings.step_size)
                 info["setup_by"] = "driver"
                 protocol = self.handoff_protocol(settings)
@@ -583,8 +491,7 @@ class DSGLD(_LangevinAlgorithm):
             "local_steps": self.local_steps,
             "num_clients": federation.num_clients,
         }
-        key_surrogate = jax.random.fold_in(jax.random.key(seed), 2**20)
-        step = self._kernel(flat_model, federation, data, weights, key_surrogate, theta0, info)
+        step = self._kernel(flat_model, federation, data, weights, setup_key(seed), theta0, info)
         return self._run(
             step=step,
             initial_state=dsgld.init(theta0, federation.num_clients),
@@ -712,8 +619,7 @@ class FSGLD(DSGLD):
     def fit_surrogates(self, model, federation, init, seed: int = 0):
         """The clients' surrogates (what each client sends once), as natural parameters."""
         flat_model = model.flatten(init)
-        key = jax.random.fold_in(jax.random.key(seed), 2**20)
-        return self._fit(flat_model, federation, flat_model.ravel(init), key)
+        return self._fit(flat_model, federation, flat_model.ravel(init), setup_key(seed))
 
     def _fit(self, flat_model, federation, theta0, key):
         return self._fit_with_modes(flat_model, federation, theta0, key)[0]
@@ -733,10 +639,7 @@ class FSGLD(DSGLD):
                                                 with_modes=True)
         step = self.surrogate_step_size
         if step is None:
-            if self.step_size == "auto" and self.surrogate == "sgld":
-                raise ValueError(
-                    "surrogate='sgld' with step_size='auto' needs surrogate_step_size (the local "
-                    "SGLD chains' h): the automatic h is chosen from the surrogates themselves")
+            self._check_auto_surrogate()
             step = self.step_size if not callable(self.step_size) else float(self.step_size(0))
         return surrogate_module.fit_surrogates(
             self.surrogate,
@@ -750,6 +653,13 @@ class FSGLD(DSGLD):
             draws=self.surrogate_draws,
             burn_in=self.surrogate_burn_in,
         ), find_modes
+
+    def _check_auto_surrogate(self) -> None:
+        if self.step_size == "auto" and self.surrogate == "sgld" and \
+                self.surrogate_step_size is None:
+            raise ValueError(
+                "surrogate='sgld' with step_size='auto' needs surrogate_step_size (the local "
+                "SGLD chains' h): the automatic h is chosen from the surrogates themselves")
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
@@ -805,11 +715,13 @@ class FSGLD(DSGLD):
         if settings is None:
             settings, surrogates, radius = (_Settings(step_size=self.step_size), self.surrogate,
                                             self.trust_radius)
+            setup = self._client_setup()
         else:
             radius = None if settings.trust_region is None else float(
                 settings.trust_region.radius)
             surrogates = (np.asarray(settings.surrogates.precision),
                           np.asarray(settings.surrogates.shift))
+            setup = None
         anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
         return FSGLDProtocol(
             settings.step_size, self.batch_size, self.local_steps, surrogate=surrogates,
@@ -818,7 +730,7 @@ class FSGLD(DSGLD):
             surrogate_step_size=self.surrogate_step_size, trust_radius=radius,
             radius_probes_per_client=self.radius_probes_per_client, noise=self.noise,
             divergence_threshold=self.divergence_threshold, anchor=anchor,
-            client_weights=settings.client_weights)
+            client_weights=settings.client_weights, setup=setup)
 
     def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> "_Settings":
         """The run's settings: surrogates (re-expanded at the global mode under "auto"),
@@ -848,13 +760,8 @@ class FSGLD(DSGLD):
         trust_region = None
         center, metric = surrogate_module.laplace_of_product(flat_model, surrogates, theta0)
 
-        def surrogate_term(theta, client):
-            # the client's part of the conducive gradient, before the 1/f_s: -alpha grad log q_s
-            return -self.alpha * surrogate_module.grad_log_surrogate(
-                surrogates.precision[client], surrogates.shift[client], theta)
-
         step_size, variates, chosen = self._resolve_noise(
-            flat_model, federation, data, weights, center, metric, key, surrogate_term, info,
+            flat_model, federation, data, weights, center, metric, key, surrogates, info,
             modes)
         weights = _weights_of(_Settings(step_size, client_weights=chosen), weights)
         if self.trust_radius is not None:

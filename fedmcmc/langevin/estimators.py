@@ -16,6 +16,7 @@ from ..minibatch import Minibatch, likelihood_gradient, some_client_smaller, tak
 from ..model import FlatModel
 from ..protocols import client_from_uniform, draw_client  # noqa: F401 - re-exported: the scheduler
 from ..surrogates import GaussianSurrogates, ProductSurrogate, grad_log_surrogate
+from .step_size import client_noise
 
 __all__ = [
     "draw_minibatch",
@@ -33,6 +34,7 @@ __all__ = [
     "client_from_uniform",
     "minibatch_from_uniforms",
     "estimator_moments",
+    "unscaled_noise",
 ]
 
 
@@ -175,3 +177,30 @@ def estimator_moments(flat_model: FlatModel, data: ConcatenatedData, client, cli
 
     values = jax.vmap(estimate)(jax.random.split(key, probes))
     return jnp.mean(values, axis=0), jnp.mean(jnp.sum(values * values, axis=-1))
+
+
+def unscaled_noise(flat_model: FlatModel, data: ConcatenatedData, client, batch_size: int,
+                   center, points, key, probes: int, full: bool,
+                   variates: Optional[ControlVariates] = None, conducive=None):
+    """Client s's noise statistics (``step_size.client_noise``) of the unscaled part r_s of its
+    estimator (``step_size.ClientNoise``), from its own minibatches: its minibatch gradient
+    (:func:`client_gradient`, or :func:`control_variate_gradient` with ``variates``), minus
+    FSGLD's ``alpha grad log q_s`` when ``conducive = (alpha, P_s, b_s)``. Returns
+    ``(within, mean)``: (d, d) or () and (d,).
+
+    The one computation of both engines: the in-process set-up vmaps it over the clients of
+    the whole federation's layout, a client on Ray runs it on its own one-client layout
+    (``client`` 0), with the key ``fold_in(noise key, s)`` either way."""
+
+    def estimate(theta, probe_key):
+        minibatch = draw_minibatch(probe_key, data, client, batch_size)
+        if variates is None:
+            value = client_gradient(flat_model, theta, minibatch)
+        else:
+            value = control_variate_gradient(flat_model, theta, minibatch, client, variates)
+        if conducive is not None:
+            alpha, precision, shift = conducive
+            value = value - alpha * grad_log_surrogate(precision, shift, theta)
+        return value
+
+    return client_noise(estimate, center, points, key, probes, full)

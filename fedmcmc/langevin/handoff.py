@@ -14,13 +14,22 @@ in-process transport that simulates it message for message):
   centre and metric of prior x q, the trust radius from the clients' moments,
   and f_s, all recomputed over the remaining clients when one is dropped.
 
+``step_size="auto"`` (and the control variates and client selection it chooses) with
+data that stay on the clients (``Federation.from_loaders`` on Ray, ``setup=ClientSetup``):
+the set-up of the in-process engine, each statistic computed by its own client and
+the choice made by the server with the same functions (``step_size.choose_settings``):
+each client's Laplace fit and mode (:meth:`DSGLDProtocol.client_laplace`), FSGLD's
+Newton rounds at the global mode (:meth:`FSGLDProtocol.client_taylor`), and the noise
+statistics of its estimator for every candidate anchor
+(:meth:`DSGLDProtocol.client_noise`, ``estimators.unscaled_noise``), a few floats each.
+
 Keys are the in-process engine's, so both engines give the same draws (the
 tests compare them).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -32,9 +41,38 @@ from ..model import Model
 from ..protocols import ClientContext, HandoffProtocol, ServerSide
 from ..schedules import as_schedule
 from . import dsgld, fsgld
-from .estimators import ControlVariates, estimator_moments
+from . import step_size as step_size_module
+from .estimators import ControlVariates, estimator_moments, unscaled_noise
 
-__all__ = ["DSGLDProtocol", "FSGLDProtocol"]
+__all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "setup_key"]
+
+
+def setup_key(seed: int):
+    """The root of every set-up stream of a run (surrogate fits, noise statistics, trust
+    radius moments): ``fold_in(key(seed), 2**20)``, the same on every engine."""
+    return jax.random.fold_in(jax.random.key(seed), 2**20)
+
+
+class ClientSetup(NamedTuple):
+    """What the protocol's server resolves from the clients' replies before sampling
+    (``step_size="auto"``, ``control_variates``, ``client_selection`` with data that stay on
+    the clients); the constructor's ``step_size`` is ``"auto"`` or the h to check."""
+
+    tolerance: float
+    control_variates: Optional[str]  # "global", "client", "none", or None (automatic)
+    client_selection: Optional[str]  # "proportional", "variance", or None (automatic)
+
+
+def _own_share(context: ClientContext, theta0):
+    """The client's Laplace objective's model (its log likelihood plus 1/S of the log prior,
+    S the number of clients, as ``surrogates.fit_laplace`` of the whole federation) and a
+    federation of its own rows only."""
+    prior = context.model.log_prior
+    num_clients = context.num_clients
+    share = Model(log_prior=lambda params: prior(params) / num_clients,
+                  log_likelihood=context.model.log_likelihood)
+    flat_share = share.flatten(context.flat_model.unravel(jnp.asarray(theta0)))
+    return flat_share, Federation([context.raw_data])
 
 
 class DSGLDProtocol(HandoffProtocol):
@@ -44,18 +82,24 @@ class DSGLDProtocol(HandoffProtocol):
     name = "DSGLD"
 
     def __init__(self, step_size, batch_size: int, local_steps: int, noise: bool = True,
-                 divergence_threshold: float = 1e10, anchor=None, client_weights=None):
+                 divergence_threshold: float = 1e10, anchor=None, client_weights=None,
+                 setup: Optional[ClientSetup] = None):
+        self.setup = setup
         # anchor: (d,) shared by every client, or (S, d): each client's own
         self.anchor = None if anchor is None else np.asarray(anchor)
         # the scheduler's f_s when the set-up chose them (client_selection="variance")
         self.client_weights = None if client_weights is None else np.asarray(
             client_weights, np.float64)
-        self.step_size = step_size
-        self.schedule = as_schedule(step_size)  # outside the compiled visit: it checks h
+        self._set_step_size(step_size)
         self.batch_size = int(batch_size)
         self.local_steps = int(local_steps)
         self.noise = bool(noise)
         self.divergence_threshold = float(divergence_threshold)
+
+    def _set_step_size(self, step_size) -> None:
+        self.step_size = step_size
+        # outside the compiled visit: it checks h ("auto": set by the clients' set-up)
+        self.schedule = None if isinstance(step_size, str) else as_schedule(step_size)
 
     def scheduler_weights(self, federation_weights):
         """The f_s the set-up chose (``client_selection``), else the federation's."""
@@ -71,12 +115,97 @@ class DSGLDProtocol(HandoffProtocol):
     def _anchor_for(self, client: int):
         return self.anchor if self.anchor.ndim == 1 else self.anchor[client]
 
-    def client_anchor_gradient(self, context: ClientContext, anchor) -> int:
-        """grad log p(x_s | theta*) on this client's rows, kept here; replies the index."""
+    @staticmethod
+    def _anchor_gradient(context: ClientContext, anchor) -> np.ndarray:
         flat_model, rows = context.flat_model, context.data.data
         gradient = jax.jit(lambda theta: flat_model.grad_log_likelihood_sum(theta, rows))
-        context.store["anchor_gradient"] = np.asarray(gradient(jnp.asarray(anchor)))
+        return np.asarray(gradient(jnp.asarray(anchor)))
+
+    def client_anchor_gradient(self, context: ClientContext, anchor) -> int:
+        """grad log p(x_s | theta*) on this client's rows, kept here; replies the index."""
+        context.store["anchor_gradient"] = self._anchor_gradient(context, anchor)
         return context.index
+
+    # ------------------------------------------------------------------ set-up on the clients
+    def client_laplace(self, context: ClientContext, theta0, diagonal):
+        """This client's Laplace fit (``surrogates.fit_laplace`` on its own rows, with 1/S of
+        the prior): replies ``(P_s, b_s, mode)``, d^2 + 2d floats (2d + d diagonal)."""
+        flat_share, own = _own_share(context, theta0)
+        fitted, modes = surrogate_module.fit_laplace(flat_share, own, jnp.asarray(theta0),
+                                                     diagonal, with_modes=True)
+        return (np.asarray(fitted.precision[0]), np.asarray(fitted.shift[0]),
+                np.asarray(modes[0]))
+
+    def client_noise(self, context: ClientContext, anchor, center, points, conducive):
+        """This client's noise statistics of the unscaled part of its estimator
+        (``estimators.unscaled_noise``) with control variates at ``anchor`` (``None``: none),
+        FSGLD's ``conducive = (alpha, P_s, b_s)``: its within-client covariance averaged over
+        ``points`` ((d, d), or its trace above ``step_size.FULL_MOMENTS_MAX_DIM``) and its
+        mean at ``center`` (d), with the key the in-process set-up gives this client."""
+        flat_model, data = context.flat_model, context.data
+        variates = None
+        if anchor is not None:
+            variates = ControlVariates(
+                anchor=jnp.asarray(anchor),
+                anchor_gradients=jnp.asarray(self._anchor_gradient(context, anchor))[None])
+        if conducive is not None:
+            conducive = tuple(jnp.asarray(value) for value in conducive)
+        key = jax.random.fold_in(jax.random.fold_in(setup_key(context.seed),
+                                                    step_size_module.NOISE_STREAM),
+                                 context.index)
+        full = flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
+        batch_size = self.batch_size
+
+        @jax.jit
+        def statistics(center, points, key, variates, conducive):
+            return unscaled_noise(flat_model, data, jnp.int32(0), batch_size, center, points,
+                                  key, step_size_module.NOISE_PROBES_PER_CLIENT, full,
+                                  variates, conducive)
+
+        within, mean = statistics(jnp.asarray(center), jnp.asarray(points), key, variates,
+                                  conducive)
+        return np.asarray(within), np.asarray(mean)
+
+    def _conducive_of(self, surrogates, client: int):
+        """What ``client_noise`` of ``client`` adds to the minibatch gradient: nothing here."""
+        return None
+
+    def _setup_on_clients(self, server: ServerSide, center, precision, modes,
+                          surrogates=None) -> None:
+        """``"auto"``, the control variates and f_s from the clients' noise statistics, chosen
+        by ``step_size.choose_settings`` (the in-process set-up's one decision logic).
+        ``modes()``: the clients' Laplace modes (the anchors of ``control_variates="client"``)."""
+        setup = self.setup
+        step_size_module.check_selection(setup.client_selection, server.weights_given)
+        kinds = step_size_module.candidate_variates(setup.control_variates,
+                                                    isinstance(self.step_size, str))
+        key = jax.random.fold_in(setup_key(server.seed), step_size_module.NOISE_STREAM)
+        center_array = np.asarray(center)
+        points = np.asarray(step_size_module.noise_points(center, precision, key))
+        client_modes = modes() if "client" in kinds else None
+        anchors = {"none": lambda s: None, "global": lambda s: center_array,
+                   "client": lambda s: client_modes[s]}
+        noises = {}
+        for kind in kinds:
+            replies = server.ask(
+                "noise", lambda s: (anchors[kind](s), center_array, points,
+                                    self._conducive_of(surrogates, s)), None)
+            noises[kind] = step_size_module.ClientNoise(
+                within=np.stack([within for within, _ in replies]),
+                means=np.stack([mean for _, mean in replies]))
+        # the federation's f_s as the in-process set-up has them (float32)
+        proportional = np.asarray(server.weights, np.float32)
+        kind, client_weights, step_size = step_size_module.choose_settings(
+            noises, np.asarray(precision), proportional, step_size=self.step_size,
+            tolerance=setup.tolerance, local_steps=self.local_steps,
+            selection=setup.client_selection, weights_given=server.weights_given,
+            name=self.name, info=server.info)
+        self.anchor = {"none": None, "global": center_array,
+                       "client": client_modes}[kind]
+        self.client_weights = (None if client_weights is None
+                               else np.asarray(client_weights, np.float64))
+        self._set_step_size(step_size)
+        server.info["setup_by"] = "clients"
 
     def _prepare_variates(self, server: ServerSide) -> None:
         if self.anchor is not None:
@@ -90,6 +219,17 @@ class DSGLDProtocol(HandoffProtocol):
                                anchor_gradients=parameters["anchor_gradient"][None])
 
     def prepare(self, server: ServerSide):
+        if self.setup is not None:
+            # DSGLD's curvature: the product of Laplace fits made for the purpose
+            theta0 = np.asarray(server.theta0)
+            fits = server.ask("laplace", lambda s: (theta0, None), None)
+            laplace = surrogate_module.GaussianSurrogates(
+                precision=jnp.stack([jnp.asarray(p) for p, _, _ in fits]),
+                shift=jnp.stack([jnp.asarray(b) for _, b, _ in fits]))
+            center, precision = surrogate_module.laplace_of_product(
+                server.flat_model, laplace, jnp.asarray(theta0))
+            self._setup_on_clients(server, center, precision,
+                                   lambda: np.stack([np.asarray(m) for _, _, m in fits]))
         self._prepare_variates(server)
         return None
 
@@ -99,10 +239,14 @@ class DSGLDProtocol(HandoffProtocol):
     def _with_anchor(self, entry: Dict[str, Any], client: int) -> Dict[str, Any]:
         if self.anchor is not None:
             entry["anchor"] = self._anchor_for(client)
+        if self.setup is not None:  # the h the set-up chose (the clients' copy says "auto")
+            entry["step_size"] = self.step_size
         return entry
 
     def complete_parameters(self, context, parameters):
         parameters = dict(parameters)
+        if "step_size" in parameters:  # a constant of the compiled visit, as in-process
+            self._set_step_size(float(parameters.pop("step_size")))
         if "anchor" in parameters:
             parameters["anchor_gradient"] = context.store["anchor_gradient"]
         return parameters
@@ -134,9 +278,10 @@ class FSGLDProtocol(DSGLDProtocol):
                  alpha_warmup: int, diagonal: Optional[bool], surrogate_draws: int,
                  surrogate_burn_in: int, surrogate_step_size: Optional[float], trust_radius,
                  radius_probes_per_client: int, noise: bool = True,
-                 divergence_threshold: float = 1e10, anchor=None, client_weights=None):
+                 divergence_threshold: float = 1e10, anchor=None, client_weights=None,
+                 setup: Optional[ClientSetup] = None):
         super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold, anchor,
-                         client_weights)
+                         client_weights, setup)
         self.surrogate = surrogate
         self.alpha = float(alpha)
         self.alpha_warmup = int(alpha_warmup)
@@ -154,22 +299,17 @@ class FSGLDProtocol(DSGLDProtocol):
     def client_fit_surrogate(self, context: ClientContext, theta0):
         """Fit q_s on this client's data only and keep it; reply its natural parameters
         (P_s, b_s). The key is the one the in-process fit gives this client."""
-        prior = context.model.log_prior
+        flat_share, own = _own_share(context, theta0)
         num_clients = context.num_clients
-        share = Model(log_prior=lambda params: prior(params) / num_clients,
-                      log_likelihood=context.model.log_likelihood)
-        flat_share = share.flatten(context.flat_model.unravel(jnp.asarray(theta0)))
         options: Dict[str, Any] = {"diagonal": self.diagonal}
         if self.surrogate == "sgld":
             step = self.surrogate_step_size
             options.update(step_size=self._first_step_size() if step is None else step,
                            batch_size=self.batch_size, draws=self.surrogate_draws,
                            burn_in=self.surrogate_burn_in)
-        key = jax.random.split(
-            jax.random.fold_in(jax.random.key(context.seed), 2**20), num_clients)[context.index]
+        key = jax.random.split(setup_key(context.seed), num_clients)[context.index]
         fitted = surrogate_module.fit_surrogates(
-            self.surrogate, flat_share, Federation([context.raw_data]), jnp.asarray(theta0),
-            key[None], **options)
+            self.surrogate, flat_share, own, jnp.asarray(theta0), key[None], **options)
         own = (np.asarray(fitted.precision[0]), np.asarray(fitted.shift[0]))
         context.store["surrogate"] = own
         return own
@@ -180,8 +320,7 @@ class FSGLDProtocol(DSGLDProtocol):
         ``radius_probes_per_client`` of its own minibatches (``estimators.estimator_moments``),
         with the key the in-process engine uses for this client."""
         precision, shift = context.store["surrogate"]
-        key = jax.random.fold_in(jax.random.fold_in(
-            jax.random.fold_in(jax.random.key(context.seed), 2**20), 7), context.index)
+        key = jax.random.fold_in(jax.random.fold_in(setup_key(context.seed), 7), context.index)
         flat_model, data = context.flat_model, context.data
         probes, batch_size, alpha = self.radius_probes_per_client, self.batch_size, self.alpha
 
@@ -199,6 +338,51 @@ class FSGLDProtocol(DSGLDProtocol):
             jnp.asarray(center), key)
         return np.asarray(mean), float(second)
 
+    def client_taylor(self, context: ClientContext, center, diagonal):
+        """One Newton round of ``surrogates.expand_at_global_mode``: this client's expansion
+        of its log likelihood at ``center`` (``surrogates.taylor_surrogates`` on its own rows),
+        kept as its surrogate and replied, ``(P_s, b_s)``."""
+        expanded = surrogate_module.taylor_surrogates(
+            context.flat_model, Federation([context.raw_data]), jnp.asarray(center),
+            bool(diagonal))
+        own = (np.asarray(expanded.precision[0]), np.asarray(expanded.shift[0]))
+        context.store["surrogate"] = own
+        return own
+
+    def _conducive_of(self, surrogates, client: int):
+        """FSGLD's part of the unscaled estimator: ``-alpha grad log q_s``."""
+        return (np.float32(self.alpha), np.asarray(surrogates.precision[client]),
+                np.asarray(surrogates.shift[client]))
+
+    def _setup_fsgld(self, server: ServerSide, surrogates):
+        """The clients' set-up of ``"auto"`` (:meth:`_setup_on_clients`) on the FSGLD
+        estimator: under ``"auto"`` Laplace surrogates re-expanded at the global mode by
+        Newton rounds of the clients' expansions, then the noise at the Laplace fit of
+        prior x q. Returns the surrogates."""
+        theta0 = jnp.asarray(server.theta0)
+        if self.step_size == "auto" and self.surrogate == "laplace":
+            diagonal = surrogates.diagonal
+
+            def expand(center):
+                center = np.asarray(center)
+                replies = server.ask("taylor", lambda s: (center, diagonal), None)
+                return surrogate_module.GaussianSurrogates(
+                    precision=jnp.stack([jnp.asarray(p) for p, _ in replies]),
+                    shift=jnp.stack([jnp.asarray(b) for _, b in replies]))
+
+            surrogates, _ = surrogate_module.expand_at_global_mode(
+                server.flat_model, None, surrogates, theta0, expand=expand)
+            server.info["surrogate_expanded_at_global_mode"] = True
+
+        def modes():
+            fits = server.ask("laplace", lambda s: (np.asarray(theta0), self.diagonal), None)
+            return np.stack([np.asarray(m) for _, _, m in fits])
+
+        center, metric = surrogate_module.laplace_of_product(server.flat_model, surrogates,
+                                                             theta0)
+        self._setup_on_clients(server, center, metric, modes, surrogates)
+        return surrogates
+
     def complete_parameters(self, context, parameters):
         parameters = super().complete_parameters(context, parameters)
         if "precision" in parameters:  # given surrogates: the server sends each its own
@@ -212,8 +396,8 @@ class FSGLDProtocol(DSGLDProtocol):
     # ------------------------------------------------------------------ server side
     def prepare(self, server: ServerSide):
         """The clients' surrogates: fitted by each client (a reply of d + d^2 or 2d floats)
-        or given by the user."""
-        self._prepare_variates(server)
+        or given by the user; with ``setup``, ``"auto"`` and the variance reduction chosen
+        from the clients' statistics (:meth:`_setup_fsgld`)."""
         dim = server.flat_model.dim
         if isinstance(self.surrogate, str):
             theta0 = np.asarray(server.theta0)
@@ -226,6 +410,9 @@ class FSGLDProtocol(DSGLDProtocol):
             surrogates = surrogate_module.as_surrogates(self.surrogate, dim,
                                                         server.num_clients)
             given = True
+        if self.setup is not None:
+            surrogates = self._setup_fsgld(server, surrogates)
+        self._prepare_variates(server)
         server.info.update(
             surrogate=self.surrogate if isinstance(self.surrogate, str) else "given",
             surrogate_diagonal=surrogates.diagonal, alpha=self.alpha,
@@ -253,8 +440,12 @@ class FSGLDProtocol(DSGLDProtocol):
                     lambda s: (float(weights[s]), global_surrogate, center_array), kept.tolist())
                 means = np.stack([np.asarray(m) for m, _ in replies])
                 second = np.array([v for _, v in replies])
-                share = np.asarray(weights, np.float64)[kept]
-                trace = fsgld.noise_trace_from_moments(share / share.sum(), means, second)
+                # f_s as the clients scaled their estimator with them (float32); renormalised
+                # only over the remaining clients after a drop (tr C cancels large terms)
+                share = np.asarray(np.asarray(weights, np.float32), np.float64)[kept]
+                if len(kept) < len(weights):
+                    share = share / share.sum()
+                trace = fsgld.noise_trace_from_moments(share, means, second)
                 radius = fsgld.auto_trust_radius(server.flat_model.dim, self._first_step_size(),
                                                  trace)
             trust = (np.asarray(center), np.asarray(metric), np.float32(radius))

@@ -39,7 +39,8 @@ Inputs, computed where the data are (a few floats per client, never rows):
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+import warnings
+from typing import Dict, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -58,12 +59,27 @@ __all__ = [
     "VARIANCE_WEIGHTS_FLOOR",
     "choose_step_size",
     "predict",
+    "StepSizeWarning",
+    "NOISE_PROBES_PER_CLIENT",
+    "NOISE_POINTS_PER_CLIENT",
+    "NOISE_STREAM",
+    "noise_points",
+    "check_selection",
+    "candidate_variates",
+    "choose_settings",
+    "resolve_step_size",
 ]
 
 #: above this many parameters clients send the trace of their second moment, not the matrix
 FULL_MOMENTS_MAX_DIM = 200
 #: default bound on both the minibatch-noise and the discretisation ratio
 DEFAULT_TOLERANCE = 0.05
+#: minibatch draws per client for the estimator moments of "auto" and of the h check
+NOISE_PROBES_PER_CLIENT = 64
+#: Laplace draws per client at which the within-client noise is measured
+NOISE_POINTS_PER_CLIENT = 16
+#: the noise statistics' key: ``fold_in(set-up key, NOISE_STREAM)`` (client s: ``fold_in`` of it by s)
+NOISE_STREAM = 11
 #: client_selection="variance" keeps f_s >= this fraction of the size-proportional N_s / N
 VARIANCE_WEIGHTS_FLOOR = 0.25
 
@@ -231,3 +247,135 @@ def step_for_ratio(choice: StepSizeChoice, ratio: float = 1.0) -> Optional[float
     if choice.minibatch_noise_ratio <= 0:
         return None
     return choice.step_size * ratio / choice.minibatch_noise_ratio
+
+
+# ----------------------------------------------------------------------------- the set-up's choices
+# One decision logic for every engine: the in-process set-up (``DSGLD._resolve``: the
+# clients' statistics vmapped over the padded clients) and the clients' own set-up on Ray
+# (``handoff.DSGLDProtocol.prepare``: the same statistics, each computed by its client) give
+# these functions the same replies.
+
+
+class StepSizeWarning(UserWarning):
+    """A given step size lets minibatch noise dominate the injected noise."""
+
+
+def noise_points(center, precision, key):
+    """The :data:`NOISE_POINTS_PER_CLIENT` draws of the Laplace fit (center, precision) at which
+    every client measures its within-client noise, from ``fold_in(key, 2**16)`` (client s
+    measures with ``fold_in(key, s)``)."""
+    center = jnp.asarray(center)
+    return laplace_points(center, jnp.asarray(precision, center.dtype),
+                          jax.random.fold_in(key, 2**16), NOISE_POINTS_PER_CLIENT)
+
+
+def check_selection(selection: Optional[str], weights_given: bool) -> None:
+    """``client_selection="variance"`` chooses f_s; weights the user gave cannot be kept too."""
+    if selection == "variance" and weights_given:
+        raise ValueError(
+            "client_selection='variance' chooses f_s itself, but the federation has "
+            "weights given by the user; drop one of the two")
+
+
+def candidate_variates(requested: Optional[str], automatic: bool) -> List[str]:
+    """The control-variate anchors whose noise the clients measure: the one asked for
+    ("global", "client" or "none"), or, automatic (``None`` under ``step_size="auto"``),
+    none and the global anchor. Client anchors lost to the global one wherever measured
+    (benchmarks/bench_auto_step.py --variance-reduction: FSGLD on Exam by school 468x
+    against 9.9x the step size of none, on Contraception by district 246x against 3.6x;
+    DSGLD 1.08x / 1.35x against 1.08x / 1.30x): at the global posterior a client's own mode
+    is far from theta for heterogeneous clients, and the noise of a control variate grows
+    with |theta - theta*|."""
+    if requested or not automatic:
+        return [requested or "none"]
+    return ["none", "global"]
+
+
+def choose_settings(noises: Dict[str, ClientNoise], precision, proportional, *, step_size,
+                    tolerance: float, local_steps: int, selection: Optional[str],
+                    weights_given: bool, name: str, info: dict):
+    """``"auto"`` or the check of a given h, the control variates and the client selection,
+    from the clients' noise statistics of the unscaled part of their estimator (one
+    :class:`ClientNoise` per candidate anchor of :func:`candidate_variates`).
+
+    Automatic choices (``None``, under ``step_size="auto"``): the anchor and f_s
+    ("variance" or the federation's ``proportional``) that allow the largest h, a control
+    variate only if it more than doubles h (it costs a second gradient per row), "variance"
+    only if it gives at least 1.25x. ``info`` records what was chosen. Returns
+    ``(anchor kind, f_s or None, h)``."""
+    proportional = np.asarray(proportional, np.float64)
+    precision = np.asarray(precision)
+    automatic = isinstance(step_size, str)
+    if selection is None:
+        selection = None if automatic and not weights_given else "proportional"
+
+    def choose(noise):
+        """(f_s or None, h under "auto", every candidate's h) for one anchor's statistics."""
+        candidates = {"proportional": None}
+        if selection in (None, "variance"):
+            candidates["variance"] = variance_weights(noise, proportional, local_steps)
+        steps = {label: choose_step_size(
+            precision, scaled_noise_covariance(proportional if f is None else f, noise,
+                                               local_steps), tolerance).step_size
+            for label, f in candidates.items()}
+        if selection is None:
+            label = "variance" if steps["variance"] / steps["proportional"] >= 1.25 \
+                else "proportional"
+        else:
+            label = selection
+        return candidates[label], steps[label], steps
+
+    kinds = list(noises)
+    chosen = {kind: choose(noises[kind]) for kind in kinds}
+    if len(kinds) > 1:
+        plain = chosen["none"][1]
+        info["control_variates_step_gain"] = {
+            k: chosen[k][1] / plain for k in kinds if k != "none"}
+        best = max(kinds[1:], key=lambda k: chosen[k][1])
+        kind = best if chosen[best][1] > 2.0 * plain else "none"
+    else:
+        kind = kinds[0]
+    client_weights, _, steps = chosen[kind]
+    if "variance" in steps:
+        info["client_selection_step_gain"] = steps["variance"] / steps["proportional"]
+    info["control_variates"] = False if kind == "none" else kind
+    info["client_selection"] = "proportional" if client_weights is None else "variance"
+    if client_weights is not None:
+        info["client_weights"] = client_weights.tolist()
+    covariance = scaled_noise_covariance(
+        proportional if client_weights is None else client_weights, noises[kind], local_steps)
+    h = resolve_step_size(step_size, tolerance, precision, covariance, name, info)
+    return kind, client_weights, h
+
+
+def resolve_step_size(step_size, tolerance, precision, covariance, name: str, info: dict):
+    """Resolve ``"auto"`` or check a given h (a warning when minibatch noise dominates);
+    record the choice in ``info``; returns the h the kernel uses (or the schedule)."""
+    if isinstance(step_size, str):
+        choice = choose_step_size(precision, covariance, tolerance)
+        info.update(choice.info(), step_size_auto=True, step_size_tolerance=tolerance)
+        return choice.step_size
+    if callable(step_size):
+        return step_size
+    choice = predict(step_size, precision, covariance)
+    info.update({k: v for k, v in choice.info().items() if k != "step_size"})
+    if choice.minibatch_noise_ratio > 1:
+        better = step_for_ratio(choice, tolerance)
+        warnings.warn(
+            f"{name}: step_size={step_size:g} makes minibatch noise {choice.minibatch_noise_ratio:.3g}x "
+            f"the injected noise (posterior variances inflated about that much); "
+            f"step_size={better:.3g} brings the ratio to {tolerance:g}, or pass step_size='auto'",
+            StepSizeWarning, stacklevel=4)
+    if choice.discretisation_ratio >= 1:
+        # (h/4) lambda_max(P) >= 1: h lambda_max >= 4, past the stability limit of the
+        # discretised dynamics along the stiffest direction; no safeguard on the conducive
+        # term can hold such a chain (the data term alone makes it explode)
+        stable = 4.0 * step_size / (4.0 * choice.discretisation_ratio)
+        warnings.warn(
+            f"{name}: step_size={step_size:g} gives (h/4) lambda_max = "
+            f"{choice.discretisation_ratio:.3g} for the posterior's largest curvature: above "
+            f"the stability limit h < 4 / lambda_max = {stable:.3g}, the chain will likely "
+            f"diverge; pass "
+            f"step_size='auto' or a step below {stable:.3g}",
+            StepSizeWarning, stacklevel=4)
+    return step_size

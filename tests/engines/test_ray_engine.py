@@ -174,13 +174,70 @@ def test_auto_and_control_variates_on_ray_give_the_in_process_run(local_ray, mak
     np.testing.assert_array_equal(on_ray.sample_stats["client"], local.sample_stats["client"])
 
 
-def test_auto_on_ray_with_data_on_the_clients_is_refused():
-    federation = fm.Federation.from_loaders(
-        [lambda i=i: np.full((5 + i, DIM), 0.1 * i, np.float32) for i in range(3)])
-    with pytest.raises(ValueError, match="from_loaders"):
-        fm.sample(GAUSSIAN_MODEL, federation, fm.FSGLD(step_size="auto", batch_size=5,
-                                                       local_steps=10),
-                  init=jnp.zeros(DIM), num_samples=5, engine="ray")
+def _logistic_clients(sizes=(12, 30, 4, 50), dim=2, seed=7):
+    """Unequal logistic-regression clients (one smaller than the batch): the estimator's noise
+    with control variates is real (not rounding), so f_s chosen for variance is well defined."""
+    rng = np.random.default_rng(seed)
+    clients = []
+    for size in sizes:
+        x = (rng.normal(size=(size, dim)) + rng.uniform(-1, 1, size=dim)).astype(np.float32)
+        x[:, 0] = 1.0
+        y = (rng.random(size) < 1 / (1 + np.exp(-(x @ np.array([0.5, -1.0]))))).astype(np.float32)
+        clients.append({"x": x, "y": y})
+    return clients
+
+
+#: the set-up's figures both engines report (the Ray run adds setup_by and its own counts)
+SETUP_KEYS = ("step_size", "minibatch_noise_ratio", "discretisation_ratio",
+              "iterations_per_effective_draw", "step_size_auto", "step_size_tolerance",
+              "control_variates", "client_selection", "client_selection_step_gain")
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param("DSGLD", id="DSGLD-auto-global-variance"),
+    pytest.param("FSGLD", id="FSGLD-auto-global-variance", marks=pytest.mark.slow),
+])
+def test_auto_with_data_on_the_clients_is_set_up_by_the_clients(local_ray, case):
+    """Federation.from_loaders on Ray: "auto" with control variates and f_s chosen for
+    variance, set up by the clients (each computes its statistics on its own rows, the
+    server chooses with the in-process set-up's functions): the same h, anchor and f_s as
+    the local engine on the same data, and the same draws."""
+    if case == "DSGLD":
+        clients, model, init = gaussian_federation().clients, GAUSSIAN_MODEL, jnp.zeros(DIM)
+        make = lambda: fm.DSGLD(step_size="auto", batch_size=5, local_steps=10,  # noqa: E731
+                                control_variates=True, client_selection="variance")
+    else:
+        clients, model, init = _logistic_clients(), fm.models.logistic_regression(2), jnp.zeros(2)
+        make = lambda: fm.FSGLD(step_size="auto", batch_size=5, local_steps=10,  # noqa: E731
+                                control_variates=True, client_selection="variance")
+    # loaders that build the rows in the client's process (the lambdas travel by value)
+    federation = fm.Federation.from_loaders([lambda rows=rows: rows for rows in clients])
+    kw = dict(init=init, num_samples=30, burn_in=10, thin=20, chains=2, seed=5)
+    on_ray = fm.sample(model, federation, make(), engine="ray", visit_timeout=TIMEOUT,
+                       audit_messages=True, **kw)
+    assert federation.is_deferred  # the driver never loaded the rows
+    local = fm.sample(model, fm.Federation(clients), make(), **kw)
+    assert on_ray.info["setup_by"] == "clients"
+    for key in SETUP_KEYS:
+        assert key in on_ray.info and key in local.info, key
+    assert on_ray.info["step_size"] == pytest.approx(local.info["step_size"], rel=1e-4)
+    assert on_ray.info["control_variates"] == local.info["control_variates"] == "global"
+    assert on_ray.info["client_selection"] == local.info["client_selection"]
+    np.testing.assert_allclose(on_ray.info["client_weights"], local.info["client_weights"],
+                               rtol=1e-4)
+    if case == "FSGLD":
+        assert on_ray.info["trust_radius"] == pytest.approx(local.info["trust_radius"], rel=1e-4)
+        assert on_ray.info["surrogate_expanded_at_global_mode"] is True
+    np.testing.assert_array_equal(on_ray.sample_stats["client"], local.sample_stats["client"])
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
+    # what the clients sent during the set-up is parameter-sized (never rows)
+    d = on_ray.info["dim"]
+    setup = [arrays for _, method, arrays in on_ray.info["client_message_audit"]
+             if method == "setup"]
+    assert setup
+    for arrays in setup:
+        for shape, _dtype in arrays:
+            assert len(shape) <= 2 and (not shape or shape[-1] == d), shape
 
 
 def _is_loopback(address: str) -> bool:
