@@ -112,6 +112,13 @@ SMALL = {
 #: default 1.5M rows)
 H_TIMES_N = 0.5
 SETTINGS = {"iid": (100.0, 100.0), "non-iid": (0.5, 0.5)}
+#: stated in the README (issue 19): an estimate, not a measurement of the default size
+DEFAULT_RUN_TIME = (
+    "The default size has not been run end to end yet; extrapolated from measured pieces on the "
+    "2 shared cores of the development machine at load average about 10 (a 100-round DSGLD run of "
+    "10 chains on 30 x 50,000 rows: 71 s; a 40-round trial on 30 x 5,000 rows: DSGLD 47 s, FSGLD "
+    "284 s with its surrogate fit and two attempts), it takes about 45-60 minutes there, less on "
+    "a free machine.")
 LOCAL_STEPS = 40
 BATCH_SIZE = 50
 
@@ -457,8 +464,8 @@ def run(out_dir: Path, quick: bool) -> None:
             "meant in all, its shards held 3,000 rows). The paper's h = 1e-4 is past the stability limit "
             "with 1.5M rows (every DSGLD chain diverged in its first round, measured), so h = "
             f"{H_TIMES_N:g} / N, the same for both methods. Rounds: {large['rounds']:,} instead of 5,000 "
-            "(run time: see the table of the reproductions; 5,000 rounds of 10 chains x 3 runs would take "
-            "several hours on the 2 shared cores of the development machine). Surrogates: the library's "
+            "(5,000 rounds of 10 chains x 4 runs would take several hours on the 2 shared cores of the "
+            "development machine). " + DEFAULT_RUN_TIME + " Surrogates: the library's "
             f"SGLD recipe ({large['surrogate_draws']:,} draws per client after {large['surrogate_burn_in']:,} "
             f"of burn-in, step = the sampler's h) started from {large['mode_iterations']} L-BFGS iterations "
             "towards the client's mode instead of the library's 200 (200 iterations over 50,000 rows took "
