@@ -99,8 +99,8 @@ def _chain_curves(values):
 LARGE = {
     False: dict(client_size=50_000, reps=10, rounds=1000, thin_rounds=5, surrogate_draws=3000,
                 surrogate_burn_in=1000, test_rows=10_000, train_rows_per_client=200, mode_iterations=20),
-    True: dict(client_size=3_000, reps=4, rounds=30, thin_rounds=1, surrogate_draws=200,
-               surrogate_burn_in=100, test_rows=2_000, train_rows_per_client=50, mode_iterations=10),
+    True: dict(client_size=3_000, reps=4, rounds=20, thin_rounds=1, surrogate_draws=150,
+               surrogate_burn_in=50, test_rows=2_000, train_rows_per_client=50, mode_iterations=5),
 }
 SMALL = {
     False: dict(reps=10, rounds=300, surrogate_draws=3000, surrogate_burn_in=1000),
