@@ -12,7 +12,8 @@ from fedmcmc import reproduce
 
 # quick-size wall time on 2 shared cores, measured: fsgld-fig1 ~20 s, fsgld-fig4 ~15 s,
 # gtdula-fig2 ~10 s; the others from about 40 s (gtdula-fig3) to several minutes each under
-# load (fsgld-table1 83 s, most pdmc-* 30 s to 3.5 min, mostly compilation), so they run with -m slow.
+# load (fsgld-table1 83 s before its paper's-regime table, 939 s wall at load 15-19 with it;
+# most pdmc-* 30 s to 3.5 min, mostly compilation), so they run with -m slow.
 FAST = {"fsgld-fig1", "fsgld-fig4", "gtdula-fig2", "pdmc-privacy"}
 
 
