@@ -44,7 +44,7 @@ from .evaluation import log_likelihood_matrix, predictive_log_likelihood
 from .glm import logistic_regression, poisson_regression
 from .metric_learning import metric_learning, metric_learning_pairs, top_eigenvectors
 from .nn import lenet5, mlp_classifier
-from .synthetic import delayed_communication_data
+from .synthetic import delayed_communication_data, teacher_classification_clients, teacher_classification_data
 from .pdmp_examples import ar1_data, ar1_student_t, lgcp, lgcp_data
 from ..rng import numpy_generator
 from ._common import as_matrix, as_vector
@@ -174,5 +174,7 @@ __all__ = [
     "predictive_log_likelihood",
     "log_likelihood_matrix",
     "delayed_communication_data",
+    "teacher_classification_data",
+    "teacher_classification_clients",
     "synthetic",
 ]

