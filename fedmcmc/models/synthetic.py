@@ -217,10 +217,10 @@ def linear_regression_data(
 
 class Teacher(NamedTuple):
     """A fixed random labelling rule: logit(x) = sharpness * (sqrt(1 - linear_share) * e(x)
-    + sqrt(linear_share) * l(x)) + bias with e(x) = (sum_k v_k |w_k . x| - even_mean) /
+    + sqrt(linear_share) * l(x)) + bias with e(x) = (sum_k v_k abs(w_k . x) - even_mean) /
     even_sd (even in x, so uncorrelated with every linear function of a Gaussian x) and
     l(x) = u . x / linear_sd; ``bias`` makes P(y = 1) = 1/2. An 18-18-8 ReLU MLP
-    represents it exactly (two first-layer units per |w_k . x|, two for u . x)."""
+    represents it exactly (two first-layer units per ``abs(w_k . x)``, two for ``u . x``)."""
 
     w: np.ndarray  # (directions, num_features)
     v: np.ndarray  # (directions,)
@@ -313,7 +313,7 @@ def teacher_classification_data(
     table). This generator keeps the shape of SUSY's problem at any size: x ~ N(0, I) with
     ``num_features`` (default 18) continuous features, y ~ Bernoulli(sigmoid(logit(x))) with
     the :class:`Teacher`'s logit, a fixed random function of ``directions`` absolute values
-    |w_k . x| (even in x: invisible to a linear model) plus a ``linear_share`` of its variance
+    ``abs(w_k . x)`` (even in x: invisible to a linear model) plus a ``linear_share`` of its variance
     from a linear term. Defaults: Bayes accuracy about 0.80 and log-likelihood about -0.42
     (SUSY's best published classifiers: about 0.80 accuracy), best linear model about 0.65
     and -0.63; an 18-18-8 ReLU MLP represents the teacher exactly. Not SUSY: no physics, no
