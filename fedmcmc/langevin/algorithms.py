@@ -305,9 +305,10 @@ class DSGLD(_LangevinAlgorithm):
         ``"global"`` (or ``True``) anchors every client at the mode of the product of the
         clients' Laplace fits, ``"client"`` each client at its own Laplace mode (nothing new
         leaves the client), ``False`` none. ``None`` (default): with ``step_size="auto"``
-        the set-up measures all three from the clients' noise statistics and keeps the
-        anchor that allows the largest h if it is more than twice that of none (a control
-        variate costs a second gradient per row); with a numeric h, none.
+        the set-up measures none and the global anchor from the clients' noise statistics
+        and keeps the anchor if it allows more than twice the h of none (a control variate
+        costs a second gradient per row; client anchors lost to the global one wherever
+        measured, ``step_size.candidate_variates``); with a numeric h, none.
     client_selection:
         The scheduler's f_s. ``"proportional"``: the federation's ``weights`` (N_s / N by
         default); ``"variance"``: chosen to lower the estimator's noise
