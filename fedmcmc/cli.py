@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--algorithms", metavar="NAMES",
                        help="comma-separated subset of the algorithms (default: all)")
     bench.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
+    bench.add_argument("--jobs", type=int, default=None, metavar="N",
+                       help="runs at a time, each in its own process (default: 2 with --quick on "
+                            "2 or more cores, else 1)")
     bench.add_argument("--quiet", action="store_true", help="no progress messages")
     return parser
 
@@ -165,7 +168,8 @@ def _bench(args) -> int:
     split = lambda text: [n.strip() for n in text.split(",") if n.strip()] if text else None  # noqa: E731
     try:
         readme = bench.run(Path(args.out), quick=args.quick, problems=split(args.problems),
-                           algorithms=split(args.algorithms), seed=args.seed, quiet=args.quiet)
+                           algorithms=split(args.algorithms), seed=args.seed, quiet=args.quiet,
+                           jobs=args.jobs)
     except ValueError as error:
         return _error(str(error))
     except KeyboardInterrupt:

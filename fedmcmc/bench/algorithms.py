@@ -44,7 +44,10 @@ Fed Boomerang
     pi / 2``: its dynamics rotate around the reference in whitened time (period 2 pi),
     whatever the posterior's scale.
 Consensus Monte Carlo
-    Its defaults (NUTS on every subposterior), ``thin = 1``.
+    Its defaults (NUTS on every subposterior), ``thin = 1``, and a NUTS warm-up of
+    ``max(200, burn_in)`` transitions per client (the class's default when ``burn_in x
+    thin`` is 0): with ``thin = 1`` the budget's burn-in alone would give NUTS 25 transitions
+    to adapt at the quick size, which left chains stuck.
 
 The variants (VR-FA-LD*, QLSD++) take the rule of their base algorithm.
 """
@@ -71,9 +74,10 @@ LOCAL_STEPS = 10
 class Budget:
     """What every algorithm gets on a problem: chains, kept draws and burn-in draws, and
     ``seconds`` of wall time (``None``: no limit). A run still going after ``seconds`` stops
-    at the end of its current chunk of draws (the engines' chunks are cut to about 1/40 of
-    the run for this) and its verdict says it lost on time; algorithms whose ``fm.sample``
-    takes no run options (the baselines) are not stopped."""
+    at the end of its current chunk of draws (the engines' chunks are cut to about 1/250 of
+    the run for this), or, when one chunk runs on (or the algorithm's ``fm.sample`` takes no
+    run options, as the baselines'), its worker process is stopped a quarter of ``seconds``
+    later (:mod:`fedmcmc.bench.workers`); either way its verdict says it lost on time."""
 
     chains: int
     num_samples: int
@@ -232,7 +236,10 @@ def _pdmp(kind: str):
 
 
 def _consensus(cls, ctx: Context) -> Plan:
-    return Plan(cls(), ctx.run(1), "defaults", False)
+    # NUTS needs a few hundred transitions to adapt whatever the budget: a warm-up of
+    # burn_in x thin = 25 transitions (the quick size) left chains stuck (sd ratio 0 on Exam)
+    warmup = max(cls.default_warmup, ctx.budget.burn_in)
+    return Plan(cls(num_warmup=warmup), ctx.run(1), f"num_warmup={warmup}", False)
 
 
 ALGORITHMS: Dict[str, Entry] = {

@@ -39,6 +39,7 @@ from ..results import SamplingDivergedError
 from . import algorithms as algorithms_module
 from . import metrics
 from . import problems as problems_module
+from . import workers
 
 __all__ = ["COLUMNS", "SIZES", "run", "write_outputs"]
 
@@ -53,8 +54,8 @@ COLUMNS = [
 
 #: budget per size: the same for every algorithm on every problem
 SIZES = {
-    "quick": algorithms_module.Budget(chains=2, num_samples=200, burn_in=50, seconds=120.0),
-    "default": algorithms_module.Budget(chains=4, num_samples=1000, burn_in=250, seconds=900.0),
+    "quick": algorithms_module.Budget(chains=2, num_samples=80, burn_in=20, seconds=45.0),
+    "default": algorithms_module.Budget(chains=4, num_samples=500, burn_in=125, seconds=300.0),
 }
 
 #: reference settings (the same at both sizes, so the cached reference is shared)
@@ -197,6 +198,7 @@ def run(
     budget: Optional[algorithms_module.Budget] = None,
     quiet: bool = False,
     command: Optional[str] = None,
+    jobs: Optional[int] = None,
 ) -> Path:
     """Run the benchmark; write ``leaderboard.csv``, ``README.md``, ``results.json`` into ``out_dir``.
 
@@ -211,6 +213,12 @@ def run(
         Overrides the size's budget (chains, kept draws, burn-in draws).
     command:
         The command line written into the README (default: rebuilt from the arguments).
+    jobs:
+        Rows run at a time, each in its own worker process (:mod:`fedmcmc.bench.workers`;
+        a row still running a quarter of its budget past the budget is stopped with its
+        worker). Default: 2 at the quick size on a machine of at least 2 cores (most of a
+        quick row is compilation, which runs on one core), 1 at the default size, so that
+        its wall times are not shared.
 
     Returns the path of ``README.md``.
     """
@@ -225,11 +233,15 @@ def run(
                 f"algorithms: unknown {name!r}; choose from {algorithms_module.names()}"
             )
     budget = budget or SIZES[size]
+    if jobs is None:
+        jobs = min(2, os.cpu_count() or 1) if quick else 1
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    rows: List[Dict[str, Any]] = []
     problem_info: Dict[str, Dict[str, Any]] = {}
+    tasks: List[workers.Task] = []
     for name in problem_names:
         problem = problems_module.get(name)
         _log(f"{name}: {problem.description}", quiet)
@@ -256,14 +268,18 @@ def run(
                         "sd_max": laplace.sd_max},
         }
         for algorithm_name in algorithm_names:
-            entry = algorithms_module.ALGORITHMS[algorithm_name]
-            row = _run_one(entry, ctx, reference, reference_ess, seed)
-            rows.append(row)
-            z = row.get("max_abs_z")
-            _log(f"  {algorithm_name:<13} {row.get('wall_time_s', 0.0):7.1f} s  "
-                 + (f"max|z| {z:.2f}  sd ratio {row['sd_ratio_min']:.2f}-{row['sd_ratio_max']:.2f}  "
-                    if z is not None else "")
-                 + row["verdict"], quiet)
+            tasks.append((len(tasks), name, algorithm_name, ctx.budget, seed, reference,
+                          reference_ess, laplace))
+
+    def log_row(row: Dict[str, Any]) -> None:
+        z = row.get("max_abs_z")
+        _log(f"  {row['problem']:<15} {row['algorithm']:<13} {row.get('wall_time_s', 0.0):7.1f} s  "
+             + (f"max|z| {z:.2f}  sd ratio {row['sd_ratio_min']:.2f}-{row['sd_ratio_max']:.2f}  "
+                if z is not None else "")
+             + row["verdict"], quiet)
+
+    _log(f"{len(tasks)} runs, {jobs} at a time", quiet)
+    rows = workers.run_rows(tasks, jobs=jobs, seconds=budget.seconds, on_row=log_row)
     _rank(rows)
     if command is None:
         command = "fedmcmc bench" + (" --quick" if quick else "") + f" --out {out_dir}"
@@ -279,6 +295,7 @@ def run(
         "budget": {"chains": budget.chains, "num_samples": budget.num_samples,
                    "burn_in": budget.burn_in},
         "seed": seed,
+        "jobs": jobs,
         "total_wall_time_s": time.perf_counter() - started,
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
@@ -405,7 +422,9 @@ def write_outputs(out: Path, rows: List[Dict[str, Any]], problem_info: Dict[str,
         f"seed {meta['seed']}, starting from the same point (zeros). Hyper-parameters come "
         "from one rule per algorithm (below), the same on every problem, or `\"auto\"` where "
         "the algorithm offers it. Wall time includes compilation and set-up (surrogates, "
-        "bounds, Laplace fits), on a shared machine: compare orders of magnitude.",
+        "bounds, Laplace fits), on a shared machine: compare orders of magnitude."
+        + (f" {meta['jobs']} runs went at a time (each in its own process), so every wall time "
+           "also includes the others' share of the machine." if meta.get("jobs", 1) > 1 else ""),
         "",
         "Columns of `leaderboard.csv`: " + ", ".join(f"`{c}`" for c in COLUMNS) + ".",
         "",

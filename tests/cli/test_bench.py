@@ -117,3 +117,28 @@ def test_a_run_over_the_time_budget_loses_on_time(tmp_path):
         (row,) = list(csv.DictReader(handle))
     assert row["verdict"].startswith("LOSES: over the time budget (0 s;")
     assert "loses here" in (out / "README.md").read_text()
+
+
+def test_a_run_stuck_inside_one_chunk_is_stopped_with_its_worker(tmp_path):
+    """Fed Boomerang under client drift spends minutes on one draw (one compiled chunk), so
+    the budget check at chunk ends cannot stop it: its worker process is ended
+    MIN_GRACE seconds after the budget, the row says it lost on time, and the next row runs
+    in a fresh worker, two at a time (jobs=2), in the tasks' order."""
+    out = tmp_path / "bench"
+    bench.run(out, problems=["gaussian-drift"], algorithms=["FedBoomerang", "SGLD"],
+              budget=bench.Budget(chains=2, num_samples=50, burn_in=5, seconds=0.0),
+              quiet=True, jobs=2)
+    with open(out / "leaderboard.csv", newline="") as handle:
+        boomerang, sgld = list(csv.DictReader(handle))
+    assert boomerang["algorithm"] == "FedBoomerang" and sgld["algorithm"] == "SGLD"
+    assert boomerang["verdict"].startswith("LOSES: over the time budget (0 s; stopped after")
+    assert boomerang["settings"]  # what it ran with, sent before the run began
+    assert sgld["verdict"].startswith("LOSES: over the time budget (0 s;")  # at a chunk's end
+    assert json.loads((out / "results.json").read_text())["meta"]["jobs"] == 2
+    assert "2 runs went at a time" in (out / "README.md").read_text()
+
+
+def test_jobs_must_be_a_positive_integer(tmp_path):
+    for jobs in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="jobs"):
+            bench.run(tmp_path, problems=["gaussian-drift"], algorithms=["FALD"], jobs=jobs)
