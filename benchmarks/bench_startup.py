@@ -22,6 +22,7 @@ local run, cold and warm cache, each in a fresh process; Ray's own start is incl
 
     python benchmarks/bench_startup.py
     python benchmarks/bench_startup.py --repeats 3 --ray
+    python benchmarks/bench_startup.py --repeats 1 --ray --ray-problem table1 --families FSGLD
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ import tempfile
 import time
 
 FAMILIES = ("FSGLD", "FedZigZag")
+#: ``--ray-problem table1``: the issue's case, FSGLD Table 1's small-client set-up (30 clients,
+#: MLP 18-18-8, SGLD surrogates of 3,000 draws per client) on 335 generated rows per client
+RAY_PROBLEMS = ("toy", "table1")
 
 CHILD = r"""
 import json, sys, time
@@ -55,24 +59,35 @@ monitoring.register_event_duration_secs_listener(on_duration)
 
 family, engine = sys.argv[1], sys.argv[2]
 rs = np.random.default_rng(1)
-model = fm.Model(
+if family == "FSGLD-table1":
+    from fedmcmc.models import synthetic
+    model = fm.models.mlp_classifier(18, 2)
+    init = model.attributes["init"](jax.random.key(0))
+    federation = synthetic.teacher_classification_clients(rs.beta(0.5, 0.5, size=30), 335, seed=100)
+    algorithm = fm.FSGLD(step_size=1e-4, batch_size=50, local_steps=40, surrogate="sgld", diagonal=True,
+                         surrogate_draws=3000, surrogate_burn_in=1000)
+    kwargs = dict(num_samples=10, burn_in=0, thin=40, chains=2)
+else:
+    kwargs = dict(num_samples=50, burn_in=10, chains=2)
+if family != "FSGLD-table1":
+  model = fm.Model(
     log_prior=lambda p: -0.5 * (jnp.sum(p["w"] ** 2) + p["b"] ** 2),
     log_likelihood=lambda p, ex: ex["y"] * (ex["x"] @ p["w"] + p["b"])
     - jnp.logaddexp(0.0, ex["x"] @ p["w"] + p["b"]),
 )
-clients = []
-for s, n in enumerate((120, 200, 80, 40)):
+  clients = []
+  for s, n in enumerate((120, 200, 80, 40)):
     x = rs.normal(s - 1.5, 1, size=(n, 3)).astype(np.float32)
     y = (rs.random(n) < 1 / (1 + np.exp(-(x @ np.array([1.0, -1.0, 0.5]) + 0.3)))).astype(np.float32)
     clients.append({"x": x, "y": y})
-federation = fm.Federation(clients)
-init = {"w": jnp.zeros(3), "b": jnp.zeros(())}
-algorithm = {
+  federation = fm.Federation(clients)
+  init = {"w": jnp.zeros(3), "b": jnp.zeros(())}
+  algorithm = {
     "FSGLD": fm.FSGLD(step_size=1e-3, batch_size=20, local_steps=10),
     "FedZigZag": fm.FedZigZag(sample_interval=0.5),
-}[family]
-result = fm.sample(model, federation, algorithm, init=init, num_samples=50, burn_in=10,
-                   chains=2, seed=0, progress=False, engine=engine)
+  }[family]
+result = fm.sample(model, federation, algorithm, init=init, seed=0, progress=False, engine=engine,
+                   **kwargs)
 jax.block_until_ready(result.samples)
 finished = time.perf_counter()
 print(json.dumps({
@@ -84,6 +99,7 @@ print(json.dumps({
     "trace_s": seconds.get("/jax/core/compile/jaxpr_trace_duration", 0.0),
     "lower_s": seconds.get("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.0),
     "compile_s": seconds.get("/jax/core/compile/backend_compile_duration", 0.0),
+    "setup_phases": result.info.get("setup_phases"),
 }))
 """
 
@@ -136,6 +152,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--ray", action="store_true", help="also Ray set-up against local")
+    parser.add_argument("--ray-problem", default="toy", choices=RAY_PROBLEMS,
+                        help="with --ray: the 4-client toy (default) or FSGLD Table 1's 30 clients")
     args = parser.parse_args()
     started = time.perf_counter()
     print(f"python {sys.version.split()[0]}; load average at start {os.getloadavg()[0]:.1f}; "
@@ -143,9 +161,13 @@ def main() -> None:
     for family in args.families:
         show(f"{family}, local engine", measure(family, "local", args.repeats))
     if args.ray:
-        local = measure("FSGLD", "local", args.repeats, modes=("cold", "warm"))
-        ray = measure("FSGLD", "ray", args.repeats, modes=("cold", "warm"))
-        show("FSGLD, Ray engine (4 actors, Ray start included)", ray)
+        family = "FSGLD" if args.ray_problem == "toy" else "FSGLD-table1"
+        local = measure(family, "local", args.repeats, modes=("cold", "warm"))
+        ray = measure(family, "ray", args.repeats, modes=("cold", "warm"))
+        show(f"{family}, local engine", local)
+        show(f"{family}, Ray engine ({4 if family == 'FSGLD' else 30} actors, Ray start included)", ray)
+        for mode in ("cold", "warm"):
+            print(f"  Ray set-up phases, {mode} cache: {ray[mode].get('setup_phases')}")
         for mode in ("cold", "warm"):
             print(f"  Ray / local, {mode} cache: "
                   f"{ray[mode]['run']:.2f} / {local[mode]['run']:.2f} s = "

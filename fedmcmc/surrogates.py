@@ -386,7 +386,7 @@ def fit_sgld(
     keys = key if jnp.shape(key) == (num_clients,) else jax.random.split(key, num_clients)
     precision, shift, mixing = jax.jit(jax.vmap(one_client))(
         keys, modes, padded.data, padded.mask, sizes)
-    if not bool(jnp.all(jnp.isfinite(precision))):
+    if not bool(jnp.all(jnp.isfinite(precision)) & jnp.all(jnp.isfinite(shift))):
         raise ValueError(
             "surrogate='sgld': the local SGLD run diverged; lower surrogate_step_size"
         )

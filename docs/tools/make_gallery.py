@@ -4,6 +4,7 @@
         fedmcmc reproduce $name --out runs/$name
     done
     python docs/tools/make_gallery.py runs
+    python docs/tools/make_gallery.py --update runs   # only the reproductions in runs/, the rest kept
 
 For every registered reproduction whose run is in the folder, the page shows its figures
 (copied into docs/reference/gallery/, reduced to a 256-colour palette), the paper's result and
@@ -42,7 +43,32 @@ def copy_figure(source: Path, name: str) -> str:
     return f"gallery/{target.name}"
 
 
-def main(runs: Path) -> None:
+def block(name, title, run_line, figures, paper, verdict, differences, when=None):
+    lines = [f"## `{name}`: {title}", "", run_line + (f" Run on {when}." if when else ""), ""]
+    lines += [f"![{name}]({figure})" for figure in figures] + [""]
+    lines += ["**The paper.** " + paper, "", "**Verdict.** " + verdict, ""]
+    if differences:
+        lines += ["**Where our setting differs.** " + differences, ""]
+    return lines
+
+
+def update(entries) -> None:
+    """Replace the sections of ``entries`` in the existing page; keep every other section."""
+    text = PAGE.read_text()
+    today = datetime.date.today().isoformat()
+    for entry in entries:
+        name = entry[0]
+        new = "\n".join(block(*entry, when=today))
+        pattern = rf"^## `{re.escape(name)}`: .*?(?=^## `|\Z)"
+        if re.search(pattern, text, flags=re.S | re.M):
+            text = re.sub(pattern, lambda _: new + "\n", text, count=1, flags=re.S | re.M)
+        else:
+            text = text.rstrip("\n") + "\n\n" + new + "\n"
+    PAGE.write_text(text)
+    print(f"updated {PAGE}: {', '.join(e[0] for e in entries)}")
+
+
+def main(runs: Path, only_update: bool = False) -> None:
     entries, missing = [], []
     for entry in reproduce.available():
         folder = runs / entry.name
@@ -57,6 +83,9 @@ def main(runs: Path) -> None:
         entries.append((entry.name, title, run_line, figures, section(readme, "The paper's result"),
                         section(readme, "Did the paper's claim hold?"),
                         section(readme, "Where our setting differs")))
+    if only_update:
+        update(entries)
+        return
     today = datetime.date.today().isoformat()
     lines = [
         "# Reproductions gallery",
@@ -71,17 +100,16 @@ def main(runs: Path) -> None:
     ]
     if missing:
         lines += [f"Not run for this page: {', '.join(missing)}.", ""]
-    for name, title, run_line, figures, paper, verdict, differences in entries:
-        lines += [f"## `{name}`: {title}", "", run_line, ""]
-        lines += [f"![{name}]({figure})" for figure in figures] + [""]
-        lines += ["**The paper.** " + paper, "", "**Verdict.** " + verdict, ""]
-        if differences:
-            lines += ["**Where our setting differs.** " + differences, ""]
+    for entry in entries:
+        lines += block(*entry)
     PAGE.write_text("\n".join(lines))
     print(f"wrote {PAGE} ({len(entries)} reproductions)")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python docs/tools/make_gallery.py RUNS_DIR")
-    main(Path(sys.argv[1]))
+    arguments = sys.argv[1:]
+    only_update = arguments[:1] == ["--update"]
+    arguments = arguments[1:] if only_update else arguments
+    if len(arguments) != 1:
+        raise SystemExit("usage: python docs/tools/make_gallery.py [--update] RUNS_DIR")
+    main(Path(arguments[0]), only_update)

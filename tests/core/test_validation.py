@@ -128,6 +128,16 @@ def test_sgld_surrogate_warns_when_its_local_chains_did_not_mix():
             gaussian_model(), fed, jnp.zeros(2))  # h K curvature = 6: a few relaxation times
 
 
+def test_sgld_surrogate_fit_that_diverges_is_refused_by_name():
+    """Local SGLD chains past their stability limit give non-finite surrogates (a mean of
+    inf makes the shift nan even where the precision comes out 0): a ValueError naming
+    surrogate_step_size, not a failure deep in the set-up's eigenvalue solver."""
+    fed = fm.Federation(clients(sizes=(200, 200, 200)))
+    with pytest.raises(ValueError, match="surrogate_step_size"):
+        fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=2, surrogate="sgld",
+                 surrogate_step_size=10.0).fit_surrogates(gaussian_model(), fed, jnp.zeros(2))
+
+
 def test_shapes_of_samples_and_info():
     result = run(fm.FSGLD(step_size=1e-3, batch_size=5, local_steps=3), num_samples=7, thin=2, burn_in=4, chains=3)
     assert result.samples.shape == (3, 7, 2)
