@@ -98,7 +98,9 @@ class _OverBudget(Exception):
         self.done, self.total = done, total
 
 
-def _run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
+def run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
+    """One leaderboard row: ``entry``'s algorithm on ``ctx``'s problem, scored against
+    ``reference`` (run in a worker process by :func:`fedmcmc.bench.workers.run_rows`)."""
     instance = ctx.instance
     row: Dict[str, Any] = {
         "problem": instance.name, "algorithm": entry.name, "family": entry.family,

@@ -39,7 +39,7 @@ def _worker(tasks, results) -> None:  # pragma: no cover - runs in a child proce
 
     from . import algorithms as algorithms_module
     from . import problems as problems_module
-    from .runner import _run_one
+    from .runner import run_one
 
     warnings.simplefilter("ignore", FutureWarning)  # ArviZ's import-time notice
     instances: Dict[str, Any] = {}
@@ -58,10 +58,10 @@ def _worker(tasks, results) -> None:  # pragma: no cover - runs in a child proce
                 plan, _ = algorithms_module.plan(entry, ctx)
                 if plan is not None:
                     settings = {"settings": plan.settings, "uses_auto": plan.uses_auto}
-            except Exception:  # noqa: BLE001 - _run_one reports the refusal as the row
+            except Exception:  # noqa: BLE001 - run_one reports the refusal as the row
                 pass
             results.put(("started", index, settings))
-            row = _run_one(entry, ctx, reference, reference_ess, seed)
+            row = run_one(entry, ctx, reference, reference_ess, seed)
         except Exception as error:  # noqa: BLE001 - a row, not a dead worker
             row = {"problem": problem_name, "algorithm": algorithm_name, "seed": seed,
                    "verdict": f"FAILED: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"}
