@@ -19,7 +19,7 @@ def section(out_dir: pathlib.Path, size: str) -> str:
     body = []
     for line in lines[1:]:
         if line.startswith("#"):
-            line = "##" + line  # two levels down: under the page's "## The ... size"
+            line = "#" + line  # one level down: under the page's "## The ... size"
         body.append(line)
     body = "\n".join(body).strip()
     # the run's own folder name is a temporary path: say what the command was

@@ -82,7 +82,9 @@ def tolerances(ess_min: float, reference_ess: float) -> Dict[str, float]:
 def verdict(figures: Dict[str, Any], reference_ess: float) -> str:
     """``ok`` or ``LOSES: <reason>`` (see the module docstring)."""
     if not figures["ess_min"] >= MIN_ESS:  # NaN too: ArviZ cannot estimate it from few draws
-        return f"LOSES: too few effective draws (ESS {figures['ess_min']:.0f} < {MIN_ESS:.0f})"
+        ess = figures["ess_min"]  # one decimal where rounding would print "ESS 20 < 20"
+        shown = f"{ess:.1f}" if math.isfinite(ess) and round(ess) >= MIN_ESS else f"{ess:.0f}"
+        return f"LOSES: too few effective draws (ESS {shown} < {MIN_ESS:.0f})"
     band = tolerances(figures["ess_min"], reference_ess)
     reasons = []
     if figures["max_abs_z"] > band["mean"]:

@@ -29,7 +29,7 @@ standardised over the pooled rows, as a user would before sampling.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp

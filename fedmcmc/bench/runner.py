@@ -291,6 +291,8 @@ def run(
             command += " --algorithms " + ",".join(algorithm_names)
         if seed:
             command += f" --seed {seed}"
+        if jobs != (min(2, os.cpu_count() or 1) if quick else 1):
+            command += f" --jobs {jobs}"
     meta = {
         "command": command,
         "size": size,
