@@ -29,7 +29,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -98,9 +98,12 @@ class _OverBudget(Exception):
         self.done, self.total = done, total
 
 
-def run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
+def run_one(entry, ctx, reference, reference_ess, seed: int,
+            on_start: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """One leaderboard row: ``entry``'s algorithm on ``ctx``'s problem, scored against
-    ``reference`` (run in a worker process by :func:`fedmcmc.bench.workers.run_rows`)."""
+    ``reference`` (run in a worker process by :func:`fedmcmc.bench.workers.run_rows`).
+    ``on_start(settings)``, if given, is called just before sampling begins with the row's
+    ``settings`` and ``uses_auto`` (the worker's "started" message)."""
     instance = ctx.instance
     row: Dict[str, Any] = {
         "problem": instance.name, "algorithm": entry.name, "family": entry.family,
@@ -116,6 +119,8 @@ def run_one(entry, ctx, reference, reference_ess, seed: int) -> Dict[str, Any]:
         return row
     row["settings"] = plan.settings
     row["uses_auto"] = plan.uses_auto
+    if on_start is not None:
+        on_start({"settings": plan.settings, "uses_auto": plan.uses_auto})
     caught: List[str] = []
     started = time.perf_counter()
     result = None
@@ -235,8 +240,9 @@ def run(
                 f"algorithms: unknown {name!r}; choose from {algorithms_module.names()}"
             )
     budget = budget or SIZES[size]
+    default_jobs = min(2, os.cpu_count() or 1) if quick else 1
     if jobs is None:
-        jobs = min(2, os.cpu_count() or 1) if quick else 1
+        jobs = default_jobs
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     out = Path(out_dir)
@@ -291,7 +297,7 @@ def run(
             command += " --algorithms " + ",".join(algorithm_names)
         if seed:
             command += f" --seed {seed}"
-        if jobs != (min(2, os.cpu_count() or 1) if quick else 1):
+        if jobs != default_jobs:
             command += f" --jobs {jobs}"
     meta = {
         "command": command,

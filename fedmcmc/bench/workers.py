@@ -53,15 +53,8 @@ def _worker(tasks, results) -> None:  # pragma: no cover - runs in a child proce
                 instances[problem_name] = problems_module.get(problem_name).build()
             ctx = algorithms_module.Context(instances[problem_name], laplace, budget)
             entry = algorithms_module.ALGORITHMS[algorithm_name]
-            settings: Dict[str, Any] = {}
-            try:
-                plan, _ = algorithms_module.plan(entry, ctx)
-                if plan is not None:
-                    settings = {"settings": plan.settings, "uses_auto": plan.uses_auto}
-            except Exception:  # noqa: BLE001 - run_one reports the refusal as the row
-                pass
-            results.put(("started", index, settings))
-            row = run_one(entry, ctx, reference, reference_ess, seed)
+            row = run_one(entry, ctx, reference, reference_ess, seed,
+                          on_start=lambda settings: results.put(("started", index, settings)))
         except Exception as error:  # noqa: BLE001 - a row, not a dead worker
             row = {"problem": problem_name, "algorithm": algorithm_name, "seed": seed,
                    "verdict": f"FAILED: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"}
