@@ -17,12 +17,15 @@ events how many programs the run compiled or loaded, how many of those were cach
 the seconds spent tracing, lowering and compiling-or-loading.
 
 ``--ray`` adds the Ray engine's set-up against the local engine: the same FSGLD run with
-``engine="ray"`` (one actor per client, Ray started on loopback in the child) after a warm
+``engine="ray"`` (Ray started on loopback in the child; the engine's default placement, one
+actor per CPU, or ``--clients-per-actor N``, e.g. 1 for one actor per client) after a warm
 local run, cold and warm cache, each in a fresh process; Ray's own start is included.
 
     python benchmarks/bench_startup.py
     python benchmarks/bench_startup.py --repeats 3 --ray
     python benchmarks/bench_startup.py --repeats 1 --ray --ray-problem table1 --families FSGLD
+    python benchmarks/bench_startup.py --repeats 1 --ray --ray-problem table1 --families FSGLD \
+        --clients-per-actor 1
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ monitoring.register_event_listener(on_event)
 monitoring.register_event_duration_secs_listener(on_duration)
 
 family, engine = sys.argv[1], sys.argv[2]
+engine_options = {} if engine == "local" or sys.argv[3] == "default" else {
+    "clients_per_actor": int(sys.argv[3])}
 rs = np.random.default_rng(1)
 if family == "FSGLD-table1":
     from fedmcmc.models import synthetic
@@ -87,7 +92,7 @@ if family != "FSGLD-table1":
     "FedZigZag": fm.FedZigZag(sample_interval=0.5),
   }[family]
 result = fm.sample(model, federation, algorithm, init=init, seed=0, progress=False, engine=engine,
-                   **kwargs)
+                   **kwargs, **engine_options)
 jax.block_until_ready(result.samples)
 finished = time.perf_counter()
 print(json.dumps({
@@ -100,11 +105,13 @@ print(json.dumps({
     "lower_s": seconds.get("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.0),
     "compile_s": seconds.get("/jax/core/compile/backend_compile_duration", 0.0),
     "setup_phases": result.info.get("setup_phases"),
+    "actors": len(result.info.get("ray_actors", [])),
 }))
 """
 
 
-def child(family: str, engine: str, mode: str, cache_dir: str | None) -> dict:
+def child(family: str, engine: str, mode: str, cache_dir: str | None,
+          clients_per_actor: str = "default") -> dict:
     """Run one fresh process; ``mode`` is off, cold or warm."""
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -115,19 +122,20 @@ def child(family: str, engine: str, mode: str, cache_dir: str | None) -> dict:
     else:
         env["FEDMCMC_COMPILATION_CACHE"] = "1"
         env["FEDMCMC_CACHE_DIR"] = cache_dir
-    out = subprocess.run([sys.executable, "-c", CHILD, family, engine], env=env,
+    out = subprocess.run([sys.executable, "-c", CHILD, family, engine, clients_per_actor], env=env,
                          capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"{family} {engine} {mode} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(family: str, engine: str, repeats: int, modes=("off", "cold", "warm")) -> dict:
+def measure(family: str, engine: str, repeats: int, modes=("off", "cold", "warm"),
+            clients_per_actor: str = "default") -> dict:
     best: dict[str, dict] = {}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="fedmcmc-bench-cache-") as cache_dir:
             for mode in modes:
-                figures = child(family, engine, mode, cache_dir)
+                figures = child(family, engine, mode, cache_dir, clients_per_actor)
                 if mode not in best or figures["run"] < best[mode]["run"]:
                     best[mode] = figures
     return best
@@ -154,6 +162,9 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also Ray set-up against local")
     parser.add_argument("--ray-problem", default="toy", choices=RAY_PROBLEMS,
                         help="with --ray: the 4-client toy (default) or FSGLD Table 1's 30 clients")
+    parser.add_argument("--clients-per-actor", default="default",
+                        help="with --ray: the engine option clients_per_actor (default: the "
+                             "engine's, one actor per CPU)")
     args = parser.parse_args()
     started = time.perf_counter()
     print(f"python {sys.version.split()[0]}; load average at start {os.getloadavg()[0]:.1f}; "
@@ -163,9 +174,12 @@ def main() -> None:
     if args.ray:
         family = "FSGLD" if args.ray_problem == "toy" else "FSGLD-table1"
         local = measure(family, "local", args.repeats, modes=("cold", "warm"))
-        ray = measure(family, "ray", args.repeats, modes=("cold", "warm"))
+        ray = measure(family, "ray", args.repeats, modes=("cold", "warm"),
+                      clients_per_actor=args.clients_per_actor)
         show(f"{family}, local engine", local)
-        show(f"{family}, Ray engine ({4 if family == 'FSGLD' else 30} actors, Ray start included)", ray)
+        clients = 4 if family == "FSGLD" else 30
+        show(f"{family}, Ray engine ({clients} clients in {ray['cold']['actors']} actors, "
+             "Ray start included)", ray)
         for mode in ("cold", "warm"):
             print(f"  Ray set-up phases, {mode} cache: {ray[mode].get('setup_phases')}")
         for mode in ("cold", "warm"):

@@ -56,7 +56,7 @@ def sample(
         Integer seed of the run.
     engine:
         ``"local"`` (default; every client simulated in this process) or
-        ``"ray"`` (one Ray actor per client).
+        ``"ray"`` (client endpoints in Ray actors; ``fedmcmc.engines.ray_engine``).
     progress:
         Show a progress bar; ``None`` shows it when stderr is a terminal.
     **options:

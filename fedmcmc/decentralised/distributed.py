@@ -220,8 +220,7 @@ def sample_decentralised(algorithm, model, federation, *, init, num_samples, bur
     options = check_engine_options(options, algorithm.name)
 
     def make_transport(specs):
-        return RayTransport(specs, resources=options.get("client_resources"),
-                            num_cpus=options.get("client_num_cpus", 0))
+        return RayTransport.from_options(specs, options)
 
     with ray_session(options.get("ray_address"), options.get("ray_init_options"),
                      options.get("allow_unauthenticated_cluster", False)):
@@ -395,6 +394,7 @@ def _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin, t
             [c, m, [[list(shape), dtype] for shape, dtype in arrays]]
             for c, m, arrays in transport.sent_by_clients
         ]
+    info.update(transport.placement())
     info.update(topo.describe())
     gamma = algorithm._gamma()
     if gamma is not None:

@@ -15,8 +15,8 @@ counts messages and bytes per direction and, with ``audit=True``, keeps the
 shape and dtype of every array a client sent (the test of "no raw data leaves
 a client" reads that log). Two implementations: :class:`InProcessTransport`
 (client objects in this process, calls run synchronously -- the reference the
-benchmark compares against) and ``ray_engine.RayTransport`` (one Ray actor per
-client).
+benchmark compares against) and ``ray_engine.RayTransport`` (client endpoints in Ray
+actors).
 """
 
 from __future__ import annotations
@@ -165,7 +165,13 @@ class Transport:
             out["client_message_audit"] = [
                 [c, m, [[list(s), d] for s, d in arrays]] for c, m, arrays in self.sent_by_clients
             ]
+        out.update(self.placement())
         return out
+
+    def placement(self) -> Dict[str, Any]:
+        """Where the client endpoints run, for ``Result.info`` (the Ray transport: the
+        clients of each actor); empty here."""
+        return {}
 
     # -- delivery (subclasses)
     def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
@@ -378,6 +384,9 @@ class FaultInjectingTransport(Transport):
 
     def info(self) -> Dict[str, Any]:
         return self.inner.info()
+
+    def placement(self) -> Dict[str, Any]:
+        return self.inner.placement()
 
     def record(self, direction: str, client: int, method: str, payload: Any) -> None:
         self.inner.record(direction, client, method, payload)

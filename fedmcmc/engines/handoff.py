@@ -506,7 +506,7 @@ def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str
                     **options):
     """Run a hand-off ``protocol`` on ``engine``: ``"local"`` (its clients as objects in this
     process, :class:`~fedmcmc.engines.comm.InProcessTransport`, message for message as on
-    Ray) or ``"ray"`` (one Ray actor per client, :func:`sample_on_ray`).
+    Ray) or ``"ray"`` (client endpoints in Ray actors, :func:`sample_on_ray`).
 
     This is what an algorithm defined outside the package calls from its ``sample``: it
     needs no edit of fedmcmc (``docs/development``, "Adding a hand-off algorithm").
@@ -533,14 +533,12 @@ def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str
 
 def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_samples, burn_in,
                   thin, chains, seed, progress=None, info=None, **options):
-    """A hand-off protocol (DSGLD, FSGLD, or one defined outside the package) on Ray, one
-    actor per client."""
+    """A hand-off protocol (DSGLD, FSGLD, or one defined outside the package) on Ray, the
+    client endpoints placed in actors as the engine options ask (``ray_engine.py``)."""
     options = check_engine_options(options, protocol.name)
-    resources = options.get("client_resources")
-    num_cpus = options.get("client_num_cpus", 0)
 
     def make_transport(specs):
-        return RayTransport(specs, resources=resources, num_cpus=num_cpus)
+        return RayTransport.from_options(specs, options)
 
     with ray_session(options.get("ray_address"), options.get("ray_init_options"),
                      options.get("allow_unauthenticated_cluster", False)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from ..algorithm import check_positive_float
+from ..algorithm import check_positive_float, check_positive_int
 from ..checkpoint import RUN_OPTIONS
 
 __all__ = ["ENGINE_OPTIONS", "check_engine_options"]
@@ -17,6 +17,7 @@ ENGINE_OPTIONS = (
     "on_client_failure",
     "client_resources",
     "client_num_cpus",
+    "clients_per_actor",  # client endpoints per Ray actor (default: one actor per CPU)
     "audit_messages",
     "ray_init_options",
     "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
@@ -28,7 +29,7 @@ ENGINE_OPTIONS = (
 
 #: the options that only the Ray engine reads
 RAY_ONLY_OPTIONS = ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
-                    "allow_unauthenticated_cluster")
+                    "clients_per_actor", "allow_unauthenticated_cluster")
 
 
 def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray") -> Dict[str, Any]:
@@ -59,6 +60,9 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
     if policy not in ("stop", "drop"):
         raise ValueError(f"on_client_failure must be 'stop' or 'drop', got {policy!r}")
     out["on_client_failure"] = policy
+    if out.get("clients_per_actor") is not None:
+        out["clients_per_actor"] = check_positive_int(out["clients_per_actor"],
+                                                      "clients_per_actor")
     timeout = out.get("visit_timeout")
     if timeout is not None:
         out["visit_timeout"] = check_positive_float(timeout, "visit_timeout")

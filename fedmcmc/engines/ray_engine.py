@@ -1,4 +1,4 @@
-"""``engine="ray"``: one Ray actor per client.
+"""``engine="ray"``: client endpoints in Ray actors (one per client on a cluster).
 
 :func:`ray_session` joins the Ray instance the user started
 (``ray.init(address=...)`` before calling ``fm.sample``, or the option
@@ -14,8 +14,13 @@ with :class:`~fedmcmc.engines.ray_security.UnauthenticatedClusterError` unless
 which.
 
 :class:`RayTransport` implements :class:`~fedmcmc.engines.comm.Transport` with
-one actor per client; the protocols (``handoff.py`` for DSGLD/FSGLD) are the
-same as with the in-process transport.
+client endpoints hosted by Ray actors (:class:`ClientHost`); the protocols
+(``handoff.py`` for DSGLD/FSGLD) are the same as with the in-process transport.
+Each client endpoint holds its own data and answers its own messages; an actor
+may host several endpoints (``clients_per_actor``), which then share its process:
+its JAX import, its compiled programs (clients of the same shapes compile once)
+and its fate (a crashed actor fails all of its clients; its clients' messages
+are answered one after the other).
 
 Options of ``fm.sample(..., engine="ray", **options)``:
 
@@ -35,7 +40,17 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     One dict of Ray custom resources per client, e.g.
     ``[{"client_0": 1}, {"client_1": 1}]``, to pin client actors to nodes.
 ``client_num_cpus``
-    CPUs reserved per client actor (default 0: actors share the machine).
+    CPUs reserved per client (default 0: actors share the machine); an actor
+    hosting k clients reserves k times this.
+``clients_per_actor``
+    How many client endpoints one actor hosts. Default ``None``: one per client
+    when ``client_resources`` is given (each client placed on its own node), else
+    as many actors as the cluster has CPUs (``ray.cluster_resources()["CPU"]``),
+    clients spread over them in contiguous blocks: on one machine, 30 clients in
+    30 processes would each import JAX and compile the same programs while
+    contending for the same cores. ``1`` forces one actor per client. With
+    ``client_resources``, only clients whose resource dicts are equal share an
+    actor. ``info["ray_actors"]`` lists the clients of each actor.
 ``audit_messages``
     Keep the shape and dtype of every array a client sends in
     ``info["client_message_audit"]``.
@@ -52,6 +67,7 @@ Options of ``fm.sample(..., engine="ray", **options)``:
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from .comm import ClientFailure, Pending, Transport
@@ -62,14 +78,84 @@ from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this modul
     ray_session,
 )
 
-__all__ = ["ray_session", "ray_transports", "RayTransport", "UnauthenticatedClusterError"]
+__all__ = ["ray_session", "ray_transports", "RayTransport", "ClientHost", "LOOPBACK",
+           "actor_groups", "UnauthenticatedClusterError"]
+
+
+class ClientHost:
+    """A Ray actor's body: the client endpoints it hosts, by client index.
+
+    ``specs`` holds ``(client, endpoint_class, args)`` per hosted client; each endpoint is
+    built here, in the actor's process, so each loads and keeps its own data. A client
+    whose construction fails does not take the others down: its error is kept and raised
+    by every message to it (the driver sees that client fail, as with an actor of its own).
+    """
+
+    def __init__(self, specs: Sequence[tuple]):
+        self.clients: Dict[int, Any] = {}
+        self.failed: Dict[int, BaseException] = {}
+        for client, cls, args in specs:
+            try:
+                self.clients[int(client)] = cls(*args)
+            except Exception as error:  # noqa: BLE001 - reported on the client's messages
+                self.failed[int(client)] = error
+
+    def dispatch(self, client: int, method: str, *args):
+        """Deliver one message: ``method(*args)`` of client ``client``'s endpoint."""
+        endpoint = self.clients.get(client)
+        if endpoint is None:
+            error = self.failed.get(client)
+            if error is not None:
+                raise RuntimeError(f"client {client} failed to start: "
+                                   f"{type(error).__name__}: {error}") from error
+            raise RuntimeError(f"client {client} is not hosted here (stopped or never started)")
+        return getattr(endpoint, method)(*args)
+
+    def stop(self, client: int) -> None:
+        """Drop client ``client``'s endpoint (and its data) from this actor."""
+        self.clients.pop(client, None)
+
+
+def actor_groups(num_clients: int, clients_per_actor: Optional[int],
+                 resources: Optional[Sequence[dict]], cluster_cpus: float) -> List[List[int]]:
+    """The clients each actor hosts (see the option ``clients_per_actor``): contiguous blocks
+    of at most ``clients_per_actor`` clients, among clients with equal ``resources``; by
+    default one client per actor with ``resources``, else ``ceil(num_clients / cluster_cpus)``
+    per actor, that is one actor per CPU of the cluster."""
+    if clients_per_actor is None:
+        if resources is not None:
+            clients_per_actor = 1
+        else:
+            actors = max(1, min(num_clients, int(cluster_cpus)))
+            clients_per_actor = math.ceil(num_clients / actors)
+    # balanced blocks: 30 clients on 4 actors are 8, 8, 7, 7 rather than 8, 8, 8, 6
+    keys: Dict[tuple, List[int]] = {}
+    for client in range(num_clients):
+        key = () if resources is None else tuple(sorted(dict(resources[client]).items()))
+        keys.setdefault(key, []).append(client)
+    groups: List[List[int]] = []
+    for members in keys.values():
+        count = math.ceil(len(members) / clients_per_actor)
+        base, extra = divmod(len(members), count)
+        start = 0
+        for block in range(count):
+            size = base + (1 if block < extra else 0)
+            groups.append(members[start:start + size])
+            start += size
+    return sorted(groups)
 
 
 class RayTransport(Transport):
-    """One Ray actor per client; messages are actor method calls."""
+    """Client endpoints in Ray actors (:class:`ClientHost`); messages are actor calls.
+
+    ``specs``: one ``(endpoint_class, args)`` per client; ``groups``: the clients of each
+    actor (:func:`actor_groups`; default one actor per client); ``resources``: one dict of
+    Ray resources per client; ``num_cpus``: CPUs reserved per client.
+    """
 
     def __init__(self, specs: Sequence[tuple], *, resources: Optional[Sequence[dict]] = None,
-                 num_cpus: float = 0, audit: bool = False):
+                 num_cpus: float = 0, audit: bool = False,
+                 groups: Optional[Sequence[Sequence[int]]] = None):
         super().__init__(len(specs), audit)
         ray = _import_ray()
         self._ray = ray
@@ -77,25 +163,44 @@ class RayTransport(Transport):
             raise ValueError(
                 f"client_resources must have one dict per client ({len(specs)}), got {len(resources)}"
             )
+        groups = [[c] for c in range(len(specs))] if groups is None else [list(g) for g in groups]
+        if sorted(c for g in groups for c in g) != list(range(len(specs))):
+            raise ValueError(f"groups must hold every client 0..{len(specs) - 1} exactly once, "
+                             f"got {groups}")
+        self.groups = groups
+        self.actor_of = {client: a for a, group in enumerate(groups) for client in group}
+        host_class = ray.remote(ClientHost)
         self.actors = []
-        for index, (cls, args) in enumerate(specs):
-            options: Dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0,
-                                       "name": None}
-            options.pop("name")
-            if resources is not None and resources[index]:
-                options["resources"] = dict(resources[index])
-            actor_class = ray.remote(cls)
-            # the client's data goes to the actor once, at creation (in a real deployment the
+        for group in groups:
+            options: Dict[str, Any] = {"num_cpus": num_cpus * len(group), "max_restarts": 0}
+            if resources is not None and resources[group[0]]:
+                options["resources"] = dict(resources[group[0]])
+            # the clients' data go to the actor once, at creation (in a real deployment the
             # data would already be there); it is not a protocol message and is not counted
-            self.actors.append(actor_class.options(**options).remote(*args))
+            hosted = [(client, specs[client][0], specs[client][1]) for client in group]
+            self.actors.append(host_class.options(**options).remote(hosted))
         self._dead = set()
+
+    @classmethod
+    def from_options(cls, specs: Sequence[tuple], options: Dict[str, Any]) -> "RayTransport":
+        """The transport the engine options ask for (``client_resources``,
+        ``client_num_cpus``, ``clients_per_actor``); call inside the Ray session."""
+        resources = options.get("client_resources")
+        groups = actor_groups(len(specs), options.get("clients_per_actor"), resources,
+                              _import_ray().cluster_resources().get("CPU", 1))
+        return cls(specs, resources=resources, num_cpus=options.get("client_num_cpus", 0),
+                   groups=groups)
+
+    def placement(self) -> Dict[str, Any]:
+        """``ray_actors``: the clients each actor hosts."""
+        return {"ray_actors": [list(group) for group in self.groups]}
+
+    def _send(self, client: int, method: str, args) -> Any:
+        return self.actors[self.actor_of[client]].dispatch.remote(client, method, *args)
 
     def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
         self.record("to_clients", client, method, args)
-        if client in self._dead:
-            handle = None
-        else:
-            handle = getattr(self.actors[client], method).remote(*args)
+        handle = None if client in self._dead else self._send(client, method, args)
         return Pending(client, method, handle, tag)
 
     def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
@@ -104,7 +209,7 @@ class RayTransport(Transport):
         # a Pending argument travels as its object reference: Ray hands the value to this
         # actor from the actor that computed it
         refs = [a.handle if isinstance(a, Pending) else a for a in args]
-        return Pending(client, method, getattr(self.actors[client], method).remote(*refs), tag)
+        return Pending(client, method, self._send(client, method, refs), tag)
 
     def wait(self, pendings, timeout):
         pendings = list(pendings)
@@ -137,16 +242,25 @@ class RayTransport(Transport):
         return client not in self._dead
 
     def kill(self, client: int) -> None:
+        """Stop client ``client``: its actor ends when it was the actor's last live client
+        (as in a crash), else the actor drops that endpoint and goes on serving the others."""
         self._dead.add(client)
+        actor = self.actors[self.actor_of[client]]
         try:
-            self._ray.kill(self.actors[client], no_restart=True)
+            if all(c in self._dead for c in self.groups[self.actor_of[client]]):
+                self._ray.kill(actor, no_restart=True)
+            else:
+                actor.stop.remote(client)
         except Exception:  # already gone
             pass
 
     def close(self) -> None:
-        for client in range(len(self.actors)):
-            if client not in self._dead:
-                self.kill(client)
+        for actor in self.actors:
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self._dead.update(range(self.num_clients))
         self.actors = []
 
 
@@ -154,9 +268,9 @@ class RayTransport(Transport):
 def ray_transports(options: Dict[str, Any]) -> Iterator[Callable[[Sequence[tuple]], RayTransport]]:
     """The Ray session of one run (:func:`ray_session` with the engine options
     ``ray_address``, ``ray_init_options``, ``allow_unauthenticated_cluster``) and, inside it,
-    the ``make_transport(specs)`` a pattern's driver takes: a :class:`RayTransport` with one
-    actor per client, placed by ``client_resources``, reserving ``client_num_cpus`` each."""
+    the ``make_transport(specs)`` a pattern's driver takes: a :class:`RayTransport` as the
+    options ``client_resources``, ``client_num_cpus`` and ``clients_per_actor`` ask
+    (:meth:`RayTransport.from_options`)."""
     with ray_session(options.get("ray_address"), options.get("ray_init_options"),
                      options.get("allow_unauthenticated_cluster", False)):
-        yield lambda specs: RayTransport(specs, resources=options.get("client_resources"),
-                                         num_cpus=options.get("client_num_cpus", 0))
+        yield lambda specs: RayTransport.from_options(specs, options)

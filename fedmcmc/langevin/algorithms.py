@@ -320,7 +320,7 @@ class DSGLD(_LangevinAlgorithm):
     """
 
     name = "DSGLD"
-    #: "ray": one Ray actor per client (``fedmcmc.engines.ray_engine``)
+    #: "ray": client endpoints in Ray actors (``fedmcmc.engines.ray_engine``)
     engines = ("local", "ray")
 
     def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True,

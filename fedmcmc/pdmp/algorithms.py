@@ -266,8 +266,7 @@ class _FedPDMP(Algorithm):
         init_jitter = check_nonnegative_float(init_jitter, "init_jitter")
         if engine == "ray":
             def make_transport(specs):
-                return RayTransport(specs, resources=engine_options.get("client_resources"),
-                                    num_cpus=engine_options.get("client_num_cpus", 0))
+                return RayTransport.from_options(specs, engine_options)
 
             with ray_session(engine_options.get("ray_address"),
                              engine_options.get("ray_init_options"),

@@ -1,0 +1,145 @@
+"""Several client endpoints per Ray actor (issue 18: Ray set-up on one machine).
+
+``clients_per_actor`` (default: one actor per CPU of the cluster, one per client with
+``client_resources``) packs client endpoints into :class:`~fedmcmc.engines.ray_engine.ClientHost`
+actors. Packing changes where endpoints run, never what they compute: the draws are the
+in-process engine's; each client still loads, holds and answers for its own rows; a client
+that fails (at start or later) fails alone, the others of its actor go on.
+
+Every test binds loopback only and shuts Ray down (the module fixture ``local_ray``, 2 CPUs).
+"""
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+import jax.numpy as jnp  # noqa: E402
+
+import fedmcmc as fm  # noqa: E402
+from fedmcmc.engines.comm import ClientFailureError  # noqa: E402
+from fedmcmc.engines.ray_engine import actor_groups  # noqa: E402
+
+from toy_problems import GAUSSIAN_MODEL, DIM, gaussian_federation  # noqa: E402
+
+TIMEOUT = 120.0  # seconds any one message may take: bounds every run
+RUN = dict(init=jnp.zeros(DIM), num_samples=60, burn_in=0, thin=5, chains=2, seed=7)
+
+
+# ----------------------------------------------------------------------------- grouping rule
+
+def test_default_groups_are_one_actor_per_cpu_in_balanced_contiguous_blocks():
+    assert actor_groups(30, None, None, 2) == [list(range(15)), list(range(15, 30))]
+    # 30 clients on 4 CPUs: blocks of 8, 8, 7, 7 (not 8, 8, 8, 6)
+    sizes = [len(g) for g in actor_groups(30, None, None, 4)]
+    assert sizes == [8, 8, 7, 7]
+    # more CPUs than clients: one actor per client
+    assert actor_groups(3, None, None, 64) == [[0], [1], [2]]
+    # a cluster reporting no CPU still gets one actor
+    assert actor_groups(5, None, None, 0) == [[0, 1, 2, 3, 4]]
+
+
+def test_explicit_clients_per_actor_and_resources():
+    assert actor_groups(4, 1, None, 2) == [[0], [1], [2], [3]]
+    assert actor_groups(5, 2, None, 64) == [[0, 1], [2, 3], [4]]
+    # client_resources: one actor per client unless asked, and then only equal dicts share
+    pinned = [{"site_a": 1}, {"site_b": 1}, {"site_a": 1}, {"site_b": 1}, {}]
+    assert actor_groups(5, None, pinned, 2) == [[0], [1], [2], [3], [4]]
+    assert actor_groups(5, 4, pinned, 2) == [[0, 2], [1, 3], [4]]
+    groups = actor_groups(7, 3, None, 1)
+    assert sorted(c for g in groups for c in g) == list(range(7))
+    assert max(len(g) for g in groups) <= 3
+
+
+def test_clients_per_actor_is_checked():
+    federation = gaussian_federation()
+    algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
+    for bad in (0, -1, 1.5, "two"):
+        with pytest.raises(ValueError, match="clients_per_actor"):
+            fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray", clients_per_actor=bad,
+                      **RUN)
+    with pytest.raises(ValueError, match="clients_per_actor"):  # not an option of engine="local"
+        fm.sample(GAUSSIAN_MODEL, federation, algorithm, clients_per_actor=2, **RUN)
+
+
+# ----------------------------------------------------------------------------- on Ray
+
+@pytest.fixture(scope="module")
+def dsgld_reference():
+    federation = gaussian_federation()
+    algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
+    return federation, algorithm, fm.sample(GAUSSIAN_MODEL, federation, algorithm, **RUN)
+
+
+def _pids(result):
+    return [where["pid"] for where in result.info["client_locations"]]
+
+
+def test_packed_actors_give_the_in_process_draws(local_ray, dsgld_reference):
+    federation, algorithm, reference = dsgld_reference
+    packed = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
+                       visit_timeout=TIMEOUT, **RUN)
+    # the default on the fixture's 2-CPU instance: 4 clients in 2 actors of 2
+    assert packed.info["ray_actors"] == [[0, 1], [2, 3]]
+    pids = _pids(packed)
+    assert pids[0] == pids[1] and pids[2] == pids[3] and pids[0] != pids[2]
+    np.testing.assert_allclose(packed.flat_samples(), reference.flat_samples(), rtol=0, atol=1e-4)
+    # every client still answered its own visits
+    assert set(np.unique(packed.sample_stats["client"])) == {0, 1, 2, 3}
+
+    separate = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
+                         visit_timeout=TIMEOUT, clients_per_actor=1, **RUN)
+    assert separate.info["ray_actors"] == [[0], [1], [2], [3]]
+    assert len(set(_pids(separate))) == 4
+    np.testing.assert_allclose(separate.flat_samples(), reference.flat_samples(), rtol=0,
+                               atol=1e-4)
+    # packing changes no message: same counts and bytes either way
+    for key in ("messages_to_clients", "messages_from_clients", "bytes_to_clients",
+                "bytes_from_clients"):
+        assert packed.info[key] == separate.info[key], key
+
+
+def test_fed_zigzag_and_dula_run_packed(local_ray):
+    federation = gaussian_federation()
+    for algorithm, kwargs in ((fm.FedZigZag(sample_interval=0.2), dict(chains=1)),
+                              (fm.DULA(step_size=1e-3, beta=0.3), dict(chains=2, thin=3))):
+        run = dict(init=jnp.zeros(DIM), num_samples=20, burn_in=0, seed=3)
+        run.update(kwargs)
+        local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **run)
+        on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
+                           visit_timeout=TIMEOUT, clients_per_actor=3, **run)
+        assert on_ray.info["ray_actors"] == [[0, 1], [2, 3]]
+        np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0,
+                                   atol=1e-4)
+
+
+def test_a_dropped_client_leaves_its_actor_serving_the_others(local_ray, dsgld_reference):
+    federation, algorithm, _ = dsgld_reference
+    result = fm.sample(
+        GAUSSIAN_MODEL, federation, algorithm, engine="ray", visit_timeout=TIMEOUT,
+        on_client_failure="drop",
+        fault_injection={"client": 1, "after_visits": 2, "kind": "exit"}, **RUN)
+    info = result.info
+    assert info["ray_actors"] == [[0, 1], [2, 3]] and info["dropped_clients"] == [1]
+    assert np.isfinite(result.flat_samples()).all()
+    # client 0 shares client 1's actor and goes on serving visits after 1 stopped
+    clients = np.asarray(result.sample_stats["client"])
+    last_of_1 = max(np.flatnonzero(row == 1).max(initial=-1) for row in clients)
+    assert any((row[last_of_1 + 1:] == 0).any() for row in clients)
+
+
+def test_a_client_failing_to_start_fails_alone_and_is_named(local_ray, tmp_path):
+    federation = gaussian_federation()
+    # loaders run in the client actors; client 2's file does not exist there
+    loaders = [functools.partial(np.asarray, rows) for rows in federation.clients]
+    loaders[2] = functools.partial(np.load, str(tmp_path / "client_2_is_gone.npy"))
+    algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
+    with pytest.raises(ClientFailureError) as caught:
+        fm.sample(GAUSSIAN_MODEL, fm.Federation.from_loaders(loaders), algorithm, engine="ray",
+                  visit_timeout=TIMEOUT, **RUN)
+    error = caught.value
+    assert error.client == 2 and error.result is None
+    assert "failed to start" in error.reason and "client_2_is_gone" in error.reason
