@@ -127,7 +127,11 @@ class Model:
     def flatten(self, params: PyTree) -> "FlatModel":
         """The flat view of this model around the structure of ``params``."""
         flat, unravel = ravel_pytree(params)
-        return FlatModel(model=self, unravel=unravel, dim=int(flat.shape[0]), dtype=flat.dtype)
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        structure = (treedef, tuple((tuple(np.shape(leaf)), str(jnp.result_type(leaf)))
+                                    for leaf in leaves))
+        return FlatModel(model=self, unravel=unravel, dim=int(flat.shape[0]), dtype=flat.dtype,
+                         structure=structure)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,13 +139,22 @@ class FlatModel:
     """A model seen as a function of a flat parameter vector ``theta``.
 
     All kernel code uses this view; ``unravel`` maps a flat vector back to the
-    user's pytree.
+    user's pytree. Two flat views of the same :class:`Model` around parameters of the same
+    structure (tree, leaf shapes and dtypes) are equal and hash alike, whatever ``unravel``
+    closure each holds (``unravel`` is determined by ``structure``): compiled programs that
+    take the flat model as a static argument are then traced once per model and structure,
+    not once per ``model.flatten`` call.
     """
 
     model: Model
-    unravel: Callable[[jax.Array], PyTree]
+    unravel: Callable[[jax.Array], PyTree] = dataclasses.field(compare=False)
     dim: int
     dtype: Any
+    structure: Any = None  # (treedef, ((shape, dtype), ...)) of the parameter pytree
+
+    def __post_init__(self):
+        if self.structure is None:  # built by hand: only its own unravel is known to match
+            object.__setattr__(self, "structure", ("unravel", self.unravel))
 
     def ravel(self, params: PyTree) -> jax.Array:
         return ravel_pytree(params)[0]

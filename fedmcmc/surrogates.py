@@ -139,6 +139,16 @@ def _client_objective(flat_model: FlatModel, num_clients: int):
 
 def _find_modes(flat_model, padded, theta0, num_clients, iterations):
     """Per-client mode of log p(x_s|theta) + (1/S) log p(theta) by optax L-BFGS."""
+    return _modes_program(flat_model, int(num_clients), int(iterations), theta0, padded.data,
+                          padded.mask)
+
+
+# The fits are compiled programs of module-level functions whose configuration (the flat
+# model, hashed by its Model and parameter structure, and plain numbers) is static: a process
+# that fits again with the same model and shapes (a Ray actor hosting several clients, a test
+# suite, a sweep) reuses the traced program instead of tracing a new closure every call.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _modes_program(flat_model, num_clients, iterations, theta0, data, mask):
     import optax
 
     objective = _client_objective(flat_model, num_clients)
@@ -160,7 +170,10 @@ def _find_modes(flat_model, padded, theta0, num_clients, iterations):
         (theta, _), _ = jax.lax.scan(body, (theta0, optimizer.init(theta0)), None, length=iterations)
         return theta
 
-    return jax.jit(jax.vmap(one_client))(padded.data, padded.mask)
+    # one client after the other (lax.map), not vmapped: vmapping L-BFGS's line-search loops
+    # costs several times the tracing (batching rules of while and cond), and clients that
+    # converge early would run as long as the slowest
+    return jax.lax.map(lambda client: one_client(*client), (data, mask))
 
 
 def _hessian_of_likelihood(flat_model, theta, data, mask, diagonal):
@@ -178,7 +191,13 @@ def _hessian_of_likelihood(flat_model, theta, data, mask, diagonal):
 
 def _taylor_surrogate(flat_model, anchors, padded, diagonal, floor=0.0):
     """Natural parameters of the 2nd-order expansion of log p(x_s|theta) at ``anchors``."""
+    precision, shift = _taylor_program(flat_model, bool(diagonal), float(floor), anchors,
+                                       padded.data, padded.mask)
+    return GaussianSurrogates(precision=precision, shift=shift)
 
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _taylor_program(flat_model, diagonal, floor, anchors, data, mask):
     def one_client(theta, data, mask):
         grad = flat_model.grad_log_likelihood_sum(theta, data, mask)
         hessian = _hessian_of_likelihood(flat_model, theta, data, mask, diagonal)
@@ -190,8 +209,7 @@ def _taylor_surrogate(flat_model, anchors, padded, diagonal, floor=0.0):
             shift = grad + precision @ theta
         return precision, shift
 
-    precision, shift = jax.jit(jax.vmap(one_client))(anchors, padded.data, padded.mask)
-    return GaussianSurrogates(precision=precision, shift=shift)
+    return jax.vmap(one_client)(anchors, data, mask)
 
 
 def _resolve_diagonal(diagonal: Optional[bool], dim: int) -> bool:
@@ -347,8 +365,27 @@ def fit_sgld(
     padded = federation.padded()
     num_clients = federation.num_clients
     modes = _find_modes(flat_model, padded, theta0, num_clients, iterations)
-    sizes = padded.sizes
     may_be_smaller = some_client_smaller(federation.sizes, batch_size)
+    # ``key``: one key, split over the clients (client s gets split(key, S)[s]), or already one
+    # key per client (shape (S,): a distributed client passes its own, so that it fits the
+    # very surrogate the in-process engine fits for it)
+    keys = key if jnp.shape(key) == (num_clients,) else jax.random.split(key, num_clients)
+    precision, shift, mixing = _sgld_fit_program(
+        flat_model, num_clients, float(step_size), int(batch_size), int(burn_in), int(draws),
+        bool(diagonal), bool(may_be_smaller), keys, modes, padded.data, padded.mask,
+        padded.sizes)
+    if not bool(jnp.all(jnp.isfinite(precision)) & jnp.all(jnp.isfinite(shift))):
+        raise ValueError(
+            "surrogate='sgld': the local SGLD run diverged; lower surrogate_step_size"
+        )
+    _warn_if_unmixed(np.asarray(mixing), draws)
+    return GaussianSurrogates(precision=precision, shift=shift)
+
+
+@functools.partial(jax.jit, static_argnums=tuple(range(8)))
+def _sgld_fit_program(flat_model, num_clients, step_size, batch_size, burn_in, draws, diagonal,
+                      may_be_smaller, keys, starts, data, mask, sizes):
+    """:func:`fit_sgld`'s compiled part: every client's SGLD run and Gaussian fit, vmapped."""
 
     def one_client(client_key, start, data, mask, size):
         def grad_estimate(theta, key):
@@ -380,18 +417,7 @@ def fit_sgld(
         precision = _project_psd(jnp.linalg.inv(covariance) - prior_curvature)
         return precision, precision @ mean, mixing
 
-    # ``key``: one key, split over the clients (client s gets split(key, S)[s]), or already one
-    # key per client (shape (S,): a distributed client passes its own, so that it fits the
-    # very surrogate the in-process engine fits for it)
-    keys = key if jnp.shape(key) == (num_clients,) else jax.random.split(key, num_clients)
-    precision, shift, mixing = jax.jit(jax.vmap(one_client))(
-        keys, modes, padded.data, padded.mask, sizes)
-    if not bool(jnp.all(jnp.isfinite(precision)) & jnp.all(jnp.isfinite(shift))):
-        raise ValueError(
-            "surrogate='sgld': the local SGLD run diverged; lower surrogate_step_size"
-        )
-    _warn_if_unmixed(np.asarray(mixing), draws)
-    return GaussianSurrogates(precision=precision, shift=shift)
+    return jax.vmap(one_client)(keys, starts, data, mask, sizes)
 
 
 #: below this median effective sample size (of ``draws``) a client's SGLD surrogate is flagged

@@ -31,6 +31,8 @@ rounding of the data layout), which the tests check.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -97,7 +99,8 @@ class HandoffClient(ClientEndpoint):
             # compile now, so that a visit's time (and its timeout) does not include compilation
             carry = self.protocol.init_carry(
                 np.zeros((self.context.flat_model.dim,), self.context.flat_model.dtype))
-            jax.block_until_ready(self._visit(np.int32(0), carry, np.int32(0), self.parameters))
+            jax.block_until_ready(self._visit(np.int32(0), carry, np.int32(0), self.parameters,
+                                              self.context.data.data))
         return self.index
 
     def visit(self, chain: int, carry, iteration: int):
@@ -112,7 +115,7 @@ class HandoffClient(ClientEndpoint):
         # NumPy arguments: no eager JAX op per call (each costs ~1 ms on a loaded machine)
         final, positions = self._visit(
             np.int32(chain), tuple(np.asarray(leaf) for leaf in carry), np.int32(iteration),
-            self.parameters)
+            self.parameters, self.context.data.data)
         ends = iteration + 1 + np.arange(steps)
         keep = ends % thin == 0
         draws = np.asarray(positions)[keep]
@@ -124,9 +127,15 @@ class HandoffClient(ClientEndpoint):
         root = jax.random.key(self.spec["seed"])
         chains, thin, steps = self.spec["chains"], self.spec["thin"], protocol.local_steps
 
+        layout = context.data
+
+        # the rows are an argument, not constants of the program: clients of the same shapes
+        # (and the same protocol and model) then lower to the same program, compiled once per
+        # machine and read back from the compilation cache by the others
         @jax.jit
-        def visit(chain, carry, iteration, parameters):
-            update = protocol.build_update(context, parameters)
+        def visit(chain, carry, iteration, parameters, rows):
+            rows_layout = dataclasses.replace(layout, data=rows)
+            update = protocol.build_update(context._replace(data=rows_layout), parameters)
 
             def body(carry, step):
                 t = iteration + step

@@ -29,6 +29,9 @@ tests compare them).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import weakref
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import jax
@@ -63,14 +66,33 @@ class ClientSetup(NamedTuple):
     client_selection: Optional[str]  # "proportional", "variance", or None (automatic)
 
 
+#: the share models of :func:`_own_share`, one per (model, S), while the model lives: the
+#: clients an actor hosts share one model object, hence one share model, hence (with the fits'
+#: static flat model) one traced fit for all of them
+_SHARE_MODELS: "weakref.WeakKeyDictionary[Model, Dict[int, Model]]" = weakref.WeakKeyDictionary()
+
+
+def _share_model(model: Model, num_clients: int) -> Model:
+    """``model`` with 1/S of its log prior (the same object for the same model and S)."""
+    shares = _SHARE_MODELS.setdefault(model, {})
+    if num_clients not in shares:
+        prior = model.log_prior
+        shares[num_clients] = Model(log_prior=lambda params: prior(params) / num_clients,
+                                    log_likelihood=model.log_likelihood)
+    return shares[num_clients]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _full_gradient(flat_model, theta, rows):
+    """grad log p(rows | theta), compiled once per model and shapes."""
+    return flat_model.grad_log_likelihood_sum(theta, rows)
+
+
 def _own_share(context: ClientContext, theta0):
     """The client's Laplace objective's model (its log likelihood plus 1/S of the log prior,
     S the number of clients, as ``surrogates.fit_laplace`` of the whole federation) and a
     federation of its own rows only."""
-    prior = context.model.log_prior
-    num_clients = context.num_clients
-    share = Model(log_prior=lambda params: prior(params) / num_clients,
-                  log_likelihood=context.model.log_likelihood)
+    share = _share_model(context.model, context.num_clients)
     flat_share = share.flatten(context.flat_model.unravel(jnp.asarray(theta0)))
     return flat_share, Federation([context.raw_data])
 
@@ -117,9 +139,8 @@ class DSGLDProtocol(HandoffProtocol):
 
     @staticmethod
     def _anchor_gradient(context: ClientContext, anchor) -> np.ndarray:
-        flat_model, rows = context.flat_model, context.data.data
-        gradient = jax.jit(lambda theta: flat_model.grad_log_likelihood_sum(theta, rows))
-        return np.asarray(gradient(jnp.asarray(anchor)))
+        return np.asarray(_full_gradient(context.flat_model, jnp.asarray(anchor),
+                                         context.data.data))
 
     def client_anchor_gradient(self, context: ClientContext, anchor) -> int:
         """grad log p(x_s | theta*) on this client's rows, kept here; replies the index."""
@@ -157,13 +178,14 @@ class DSGLDProtocol(HandoffProtocol):
         batch_size = self.batch_size
 
         @jax.jit
-        def statistics(center, points, key, variates, conducive):
-            return unscaled_noise(flat_model, data, jnp.int32(0), batch_size, center, points,
+        def statistics(center, points, key, variates, conducive, rows):
+            layout = dataclasses.replace(data, data=rows)
+            return unscaled_noise(flat_model, layout, jnp.int32(0), batch_size, center, points,
                                   key, step_size_module.NOISE_PROBES_PER_CLIENT, full,
                                   variates, conducive)
 
         within, mean = statistics(jnp.asarray(center), jnp.asarray(points), key, variates,
-                                  conducive)
+                                  conducive, data.data)
         return np.asarray(within), np.asarray(mean)
 
     def _conducive_of(self, surrogates, client: int):
@@ -324,10 +346,12 @@ class FSGLDProtocol(DSGLDProtocol):
         flat_model, data = context.flat_model, context.data
         probes, batch_size, alpha = self.radius_probes_per_client, self.batch_size, self.alpha
 
+        # the rows as an argument: clients of the same shapes lower to one program
         @jax.jit
-        def moments(weight, own, product, center, key):
-            return estimator_moments(flat_model, data, jnp.int32(0), weight, batch_size, alpha,
-                                     own, product, center, key, probes)
+        def moments(weight, own, product, center, key, rows):
+            layout = dataclasses.replace(data, data=rows)
+            return estimator_moments(flat_model, layout, jnp.int32(0), weight, batch_size,
+                                     alpha, own, product, center, key, probes)
 
         mean, second = moments(
             jnp.asarray(weight, jnp.float32),
@@ -335,7 +359,7 @@ class FSGLDProtocol(DSGLDProtocol):
                                                 jnp.asarray(shift)[None]),
             surrogate_module.ProductSurrogate(jnp.asarray(global_surrogate[0]),
                                               jnp.asarray(global_surrogate[1])),
-            jnp.asarray(center), key)
+            jnp.asarray(center), key, data.data)
         return np.asarray(mean), float(second)
 
     def client_taylor(self, context: ClientContext, center, diagonal):

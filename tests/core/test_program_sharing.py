@@ -1,0 +1,103 @@
+"""Programs traced once per model and shapes, not once per client or call (issue 18).
+
+A Ray actor hosting several clients, a sweep, or a test suite fits surrogates and builds
+visits again and again with the same model and shapes. These checks are structural, not
+timed: the number of traces a jitted program keeps, and whether two clients' visits lower
+to the same program text (then the persistent compilation cache compiles it once).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedmcmc as fm
+from fedmcmc import surrogates
+from fedmcmc.engines.handoff import HandoffClient
+from fedmcmc.langevin import handoff as langevin_handoff
+from fedmcmc.protocols import client_context
+
+MODEL = fm.Model(
+    log_prior=lambda p: -0.5 * (jnp.sum(p["w"] ** 2) + p["b"] ** 2),
+    log_likelihood=lambda p, ex: ex["y"] * (ex["x"] @ p["w"] + p["b"])
+    - jnp.logaddexp(0.0, ex["x"] @ p["w"] + p["b"]),
+)
+INIT = {"w": jnp.zeros(3), "b": jnp.zeros(())}
+
+
+def _rows(seed, n):
+    rs = np.random.default_rng(seed)
+    x = rs.normal(size=(n, 3)).astype(np.float32)
+    y = (rs.random(n) < 0.5).astype(np.float32)
+    return {"x": x, "y": y}
+
+
+def test_flat_models_of_the_same_model_and_structure_are_equal():
+    first, second = MODEL.flatten(INIT), MODEL.flatten({"w": jnp.ones(3), "b": jnp.ones(())})
+    assert first == second and hash(first) == hash(second)
+    assert first.unravel is not second.unravel
+    # another structure, another dtype, another model: different
+    assert MODEL.flatten({"w": jnp.zeros(4), "b": jnp.zeros(())}) != first
+    assert MODEL.flatten({"w": jnp.zeros(3, jnp.float16), "b": jnp.zeros(())}) != first
+    other = fm.Model(log_prior=MODEL.log_prior, log_likelihood=MODEL.log_likelihood)
+    assert other.flatten(INIT) != first
+
+
+@pytest.mark.filterwarnings("ignore::fedmcmc.surrogates.SurrogateMixingWarning")  # 50 draws
+def test_surrogate_fits_reuse_their_trace_for_new_clients_of_the_same_shapes():
+    def fit(seed, kind, **options):
+        federation = fm.Federation([_rows(seed, 40)])
+        flat = MODEL.flatten(INIT)  # a new flat view every call, as every client builds one
+        return surrogates.fit_surrogates(kind, flat, federation, flat.ravel(INIT),
+                                         jax.random.key(seed)[None], **options)
+
+    sgld = dict(step_size=1e-3, batch_size=10, draws=50, burn_in=10)
+    fit(0, "sgld", **sgld)
+    fit(0, "laplace")
+    traced = (surrogates._modes_program._cache_size(), surrogates._sgld_fit_program._cache_size(),
+              surrogates._taylor_program._cache_size())
+    first = fit(1, "sgld", **sgld)
+    fit(2, "laplace")
+    assert (surrogates._modes_program._cache_size(), surrogates._sgld_fit_program._cache_size(),
+            surrogates._taylor_program._cache_size()) == traced
+    # the reused program fits the new client's own rows (not the first client's)
+    assert not np.allclose(np.asarray(first.shift), np.asarray(fit(0, "sgld", **sgld).shift))
+    # a new shape is a new trace
+    federation = fm.Federation([_rows(3, 41)])
+    flat = MODEL.flatten(INIT)
+    surrogates.fit_surrogates("laplace", flat, federation, flat.ravel(INIT))
+    assert surrogates._modes_program._cache_size() == traced[0] + 1
+
+
+def _client(index, rows, protocol):
+    spec = {"seed": 0, "chains": 2, "thin": 1, "num_clients": 3}
+    return HandoffClient(index, rows, MODEL, INIT, protocol, spec)
+
+
+def test_visits_of_same_shaped_clients_lower_to_one_program():
+    protocol = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
+    clients = [_client(s, _rows(s, n), protocol) for s, n in ((0, 30), (1, 30), (2, 31))]
+    for client in clients:
+        client.configure({"weight": np.float32(1 / 3)})
+
+    def program(client):
+        carry = protocol.init_carry(np.zeros(4, np.float32))
+        return client._visit.lower(np.int32(0), carry, np.int32(0), client.parameters,
+                                   client.context.data.data).as_text()
+
+    texts = [program(client) for client in clients]
+    assert texts[0] == texts[1]  # the rows are an argument, not constants of the program
+    assert texts[0] != texts[2]  # 31 rows: another shape
+    # and each visit still runs on its own client's rows
+    carry = protocol.init_carry(np.zeros(4, np.float32))
+    ends = [clients[s].visit(0, carry, 0)[0][0] for s in (0, 1)]
+    assert not np.allclose(ends[0], ends[1])
+
+
+def test_clients_of_one_process_share_one_share_model():
+    rows = _rows(0, 20)
+    contexts = [client_context(s, rows, 20, MODEL, INIT, 4, 0) for s in range(2)]
+    shares = [langevin_handoff._own_share(context, np.zeros(4, np.float32))[0]
+              for context in contexts]
+    assert shares[0] == shares[1]
+    assert langevin_handoff._share_model(MODEL, 5) is not langevin_handoff._share_model(MODEL, 4)
