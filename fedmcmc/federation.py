@@ -19,8 +19,9 @@ import dataclasses
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+
+from .arrays import device_array
 
 PyTree = Any
 
@@ -280,11 +281,11 @@ class Federation:
     # ---------------------------------------------------------------- layouts
     def concatenated(self) -> ConcatenatedData:
         offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
-        data = jax.tree_util.tree_map(jnp.asarray, self.pooled())
+        data = jax.tree_util.tree_map(device_array, self.pooled())
         return ConcatenatedData(
             data=data,
-            offsets=jnp.asarray(offsets, dtype=jnp.int32),
-            sizes=jnp.asarray(self.sizes, dtype=jnp.int32),
+            offsets=device_array(offsets, np.int32),
+            sizes=device_array(self.sizes, np.int32),
         )
 
     def padded(self) -> PaddedData:
@@ -298,11 +299,11 @@ class Federation:
             return np.concatenate([leaf, padding], axis=0)
 
         stacked = jax.tree_util.tree_map(
-            lambda *leaves: jnp.asarray(np.stack([pad(leaf) for leaf in leaves])), *self._clients
+            lambda *leaves: device_array(np.stack([pad(leaf) for leaf in leaves])), *self._clients
         )
         mask = (np.arange(max_size)[None, :] < self.sizes[:, None]).astype(np.float32)
         return PaddedData(
-            data=stacked, mask=jnp.asarray(mask), sizes=jnp.asarray(self.sizes, dtype=jnp.int32)
+            data=stacked, mask=device_array(mask), sizes=device_array(self.sizes, np.int32)
         )
 
     def subset(self, keep: Sequence[int]) -> "Federation":

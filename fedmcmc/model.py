@@ -102,12 +102,13 @@ class Model:
         if not leaves:
             raise ValueError(f"{argument} is empty: expected a parameter pytree with array leaves")
         for leaf in leaves:
-            array = jnp.asarray(leaf)
+            # NumPy for host values (jnp.asarray of one compiles a small program)
+            array = leaf if isinstance(leaf, (jax.Array, np.ndarray)) else np.asarray(leaf)
             if not jnp.issubdtype(array.dtype, jnp.floating):
                 raise ValueError(
                     f"{argument} must have floating-point leaves, got dtype {array.dtype}"
                 )
-            if not bool(jnp.all(jnp.isfinite(array))):
+            if not np.all(np.isfinite(np.asarray(array))):  # NumPy: no program to compile
                 raise ValueError(f"{argument} contains NaN or infinite values")
         try:
             prior_shape = jax.eval_shape(self.log_prior, params)
@@ -126,12 +127,22 @@ class Model:
 
     def flatten(self, params: PyTree) -> "FlatModel":
         """The flat view of this model around the structure of ``params``."""
-        flat, unravel = ravel_pytree(params)
+        # ravel_pytree's unravel holds only the leaves' shapes and dtypes, so it can be taken
+        # from a trace of the flattening: no concatenation runs (eagerly, it would compile
+        # two small programs in every new process)
+        unravels = []
+
+        def flat_of(tree):
+            flat, unravel = ravel_pytree(tree)
+            unravels.append(unravel)
+            return flat
+
+        flat = jax.eval_shape(flat_of, params)
         leaves, treedef = jax.tree_util.tree_flatten(params)
         structure = (treedef, tuple((tuple(np.shape(leaf)), str(jnp.result_type(leaf)))
                                     for leaf in leaves))
-        return FlatModel(model=self, unravel=unravel, dim=int(flat.shape[0]), dtype=flat.dtype,
-                         structure=structure)
+        return FlatModel(model=self, unravel=unravels[0], dim=int(flat.shape[0]),
+                         dtype=flat.dtype, structure=structure)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +168,14 @@ class FlatModel:
             object.__setattr__(self, "structure", ("unravel", self.unravel))
 
     def ravel(self, params: PyTree) -> jax.Array:
-        return ravel_pytree(params)[0]
+        """``params`` as one flat vector (the order of ``jax.tree_util.tree_leaves``). Concrete
+        leaves are concatenated in NumPy and put on the device, which compiles nothing; inside
+        a trace, ``ravel_pytree``."""
+        leaves = jax.tree_util.tree_leaves(params)
+        if not leaves or any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+            return ravel_pytree(params)[0]
+        flat = np.concatenate([np.ravel(np.asarray(leaf)).astype(self.dtype) for leaf in leaves])
+        return jax.device_put(flat)
 
     def log_prior(self, theta: jax.Array) -> jax.Array:
         return self.model.log_prior(self.unravel(theta))

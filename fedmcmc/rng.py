@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["split_key", "fold_in", "uniform", "normal", "uniform64", "exponential64", "is_unrolled"]
+__all__ = ["seed_key", "split_key", "fold_in", "uniform", "normal", "uniform64", "exponential64",
+           "is_unrolled"]
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
@@ -39,6 +40,20 @@ def _threefry2x32(k1, k2, x1, x2):
         x1 = x1 + ks[(block + 1) % 3]
         x2 = x2 + ks[(block + 2) % 3] + np.uint32(block + 1)
     return x1, x2
+
+
+def seed_key(seed: int):
+    """``jax.random.key(seed)``, as one compiled program for seeds in [0, 2**31): an eager
+    ``jax.random.key`` compiles two small programs in every new process."""
+    seed = int(seed)
+    if 0 <= seed < 2**31:
+        return _seed_key_program(np.int32(seed))
+    return jax.random.key(seed)
+
+
+@jax.jit
+def _seed_key_program(seed):
+    return jax.random.key(seed)
 
 
 def is_unrolled(key) -> bool:

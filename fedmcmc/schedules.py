@@ -7,6 +7,8 @@ returns the step size h_t; a plain float is the constant schedule.
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Optional, Union
 
 import jax.numpy as jnp
@@ -59,7 +61,7 @@ def as_schedule(step_size: StepSize, argument: str = "step_size") -> Callable:
         value = float(step_size)
     except (TypeError, ValueError):
         raise ValueError(f"{argument} must be a positive number or a schedule, got {step_size!r}")
-    if not (value > 0 and jnp.isfinite(value)):
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{argument} must be a positive finite number, got {step_size!r}")
     return constant(value)
 

@@ -89,6 +89,7 @@ class ProductSurrogate(NamedTuple):
     shift: jax.Array  # (d,)
 
 
+@jax.jit  # one program (eagerly, each sum compiles its own)
 def product(surrogates: GaussianSurrogates) -> ProductSurrogate:
     """q = prod_s q_s: precisions and linear terms add."""
     return ProductSurrogate(
@@ -291,8 +292,9 @@ def fit_laplace(
     diagonal = _resolve_diagonal(diagonal, flat_model.dim)
     padded = federation.padded()
     modes = _find_modes(flat_model, padded, theta0, federation.num_clients, iterations)
-    if not bool(jnp.all(jnp.isfinite(modes))):
-        bad = np.nonzero(~np.asarray(jnp.all(jnp.isfinite(modes), axis=1)))[0].tolist()
+    finite = np.isfinite(np.asarray(modes)).all(axis=1)  # NumPy: no program to compile
+    if not finite.all():
+        bad = np.nonzero(~finite)[0].tolist()
         raise ValueError(
             f"surrogate='laplace': the mode search diverged on clients {bad}; "
             "use surrogate='sgld' or a better-conditioned model"
@@ -374,7 +376,7 @@ def fit_sgld(
         flat_model, num_clients, float(step_size), int(batch_size), int(burn_in), int(draws),
         bool(diagonal), bool(may_be_smaller), keys, modes, padded.data, padded.mask,
         padded.sizes)
-    if not bool(jnp.all(jnp.isfinite(precision)) & jnp.all(jnp.isfinite(shift))):
+    if not (np.isfinite(np.asarray(precision)).all() and np.isfinite(np.asarray(shift)).all()):
         raise ValueError(
             "surrogate='sgld': the local SGLD run diverged; lower surrogate_step_size"
         )

@@ -141,7 +141,8 @@ def run_chains(
             buffers, outputs)
 
     if draw_noise is not None:
-        one_chain_noise = jax.eval_shape(draw_noise, jax.random.key(0))
+        # the key made inside the shape evaluation: an eager key compiles a program
+        one_chain_noise = jax.eval_shape(lambda: draw_noise(jax.random.key(0)))
         per_draw = chains * sum(
             int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
             for leaf in jax.tree_util.tree_leaves(one_chain_noise))
@@ -186,7 +187,8 @@ def run_chains(
         return jax.lax.fori_loop(0, blocks, one_block, (states, buffers))
 
     def advance(states, first_draw, count):
-        states, (draws, stats) = run_chunk(states, jnp.int32(first_draw), jnp.int32(count))
+        # NumPy scalars: jnp.int32(x) of a Python int compiles a conversion program
+        states, (draws, stats) = run_chunk(states, np.int32(first_draw), np.int32(count))
         # sliced in NumPy: slicing the device arrays would compile a program per shape
         return states, np.asarray(draws)[:count], {k: np.asarray(v)[:count]
                                                    for k, v in stats.items()}

@@ -56,7 +56,9 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     ``info["client_message_audit"]``.
 ``ray_init_options``
     Extra keyword arguments of ``ray.init`` when a local instance is started
-    (``num_cpus``, ``_temp_dir``, ...).
+    (``num_cpus``, ``_temp_dir``, ...). Without ``_temp_dir`` the instance's session
+    files (logs, sockets) go to a temporary folder removed at shutdown; with it they
+    stay where it says.
 ``allow_unauthenticated_cluster``
     ``False`` (default): refuse a cluster (joined, or ``RAY_AUTH_MODE=disabled``
     for the local one) that runs without token authentication. ``True``: run on

@@ -312,7 +312,9 @@ def ray_session(address: Optional[str] = None, init_options: Optional[Dict[str, 
 
     A started instance uses token authentication (:class:`LocalAuthentication`); a running
     or joined one is checked with :func:`check_cluster_authentication`. Shuts down only what
-    it started (or joined) and then removes the per-instance token. An error raised inside
+    it started (or joined) and then removes the per-instance token. A local instance it starts
+    keeps its session files (logs, sockets) in a new temporary folder, removed after the
+    shutdown, unless ``init_options`` names one (``_temp_dir``: kept). An error raised inside
     the session that carries a ``result`` (``ClientFailureError``,
     ``SamplingDivergedError``) gets the session's authentication in ``result.info``.
     """
@@ -326,6 +328,7 @@ def ray_session(address: Optional[str] = None, init_options: Optional[Dict[str, 
     local: Optional[LocalAuthentication] = None
     driver_environment = AuthEnvironment()
     started = False
+    session_files: Optional[str] = None  # the started instance's folder, removed at the end
     try:
         if not ray.is_initialized():
             options: Dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
@@ -333,6 +336,10 @@ def ray_session(address: Optional[str] = None, init_options: Optional[Dict[str, 
                 local = LocalAuthentication(allow).enter()
                 options.update(address="local", _node_ip_address=LOOPBACK)
                 options.update(init_options or {})
+                if "_temp_dir" not in options:
+                    # Ray's default, /tmp/ray/session_*, is never cleaned up
+                    session_files = tempfile.mkdtemp(prefix="fedmcmc-ray-")
+                    options["_temp_dir"] = session_files
             else:
                 options.update(address=address)
             try:
@@ -380,6 +387,8 @@ def ray_session(address: Optional[str] = None, init_options: Optional[Dict[str, 
     finally:
         if started:
             ray.shutdown()
+        if session_files is not None:
+            shutil.rmtree(session_files, ignore_errors=True)
         driver_environment.restore()
         if local is not None:
             local.exit()

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from ..algorithm import (
     Algorithm,
     check_nonnegative_float,
@@ -72,7 +73,7 @@ def _client_noise(flat_model, data, num_clients: int, batch_size: int, center, p
             jax.random.fold_in(key, client), step_size_module.NOISE_PROBES_PER_CLIENT, full,
             variates, None if conducive is None else conducive(client))
 
-    within, means = jax.jit(jax.vmap(one))(jnp.arange(num_clients, dtype=jnp.int32))
+    within, means = jax.jit(jax.vmap(one))(np.arange(num_clients, dtype=np.int32))
     return step_size_module.ClientNoise(within=np.asarray(within), means=np.asarray(means))
 
 
@@ -150,15 +151,17 @@ class _LangevinAlgorithm(Algorithm):
                 stats = {"client": state.client, "round": state.rounds}
             return state, state.position, stats
 
+        # on the host (the initial state is concrete): eager broadcasts compile programs
         states = jax.tree_util.tree_map(
-            lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape), initial_state
-        )
+            lambda leaf: device_array(np.broadcast_to(np.asarray(leaf),
+                                                      (chains,) + np.shape(leaf))),
+            initial_state)
         run_options = dict(run_options or {})
         states, start_draw = resume_from(run_options, states)
         run = run_chains(
             draw_step,
             states,
-            jax.random.key(seed),
+            rng.seed_key(seed),
             burn_in=burn_in,
             num_samples=num_samples,
             position=lambda s: s.position,
@@ -173,7 +176,7 @@ class _LangevinAlgorithm(Algorithm):
         final = run.state
         info = dict(info)
         if client_aware:
-            rounds = np.asarray(final.rounds)
+            rounds = np.asarray(final.visits).sum(axis=-1)  # final.rounds, in NumPy
             visits = np.asarray(final.visits).sum(axis=0)
             info["rounds"] = int(rounds.max())
             info["rounds_per_chain"] = rounds.tolist()
@@ -484,7 +487,7 @@ class DSGLD(_LangevinAlgorithm):
         run_options = split_run_options(options, self.name)
         flat_model = model.flatten(init)
         data = federation.concatenated()
-        weights = jnp.asarray(federation.weights, dtype=jnp.float32)
+        weights = device_array(federation.weights, np.float32)
         theta0 = flat_model.ravel(init)
         info = {
             "step_size": describe_step_size(self.step_size),
@@ -684,10 +687,10 @@ class FSGLD(DSGLD):
         by the estimator's noise at the centre, tr C. Each client s computes the d + 1 moments of
         its own estimator (``estimators.estimator_moments``, key ``fold_in(fold_in(key, 7), s)``)
         -- on the Ray engine in its actor, from its own data -- and tr C follows from them."""
-        base = jax.random.fold_in(key, 7)
-        clients = jnp.arange(weights.shape[0], dtype=jnp.int32)
+        clients = np.arange(weights.shape[0], dtype=np.int32)
 
         def moments(client):
+            base = jax.random.fold_in(key, 7)  # traced here: an eager fold_in compiles
             return estimator_moments(
                 flat_model, data, client, weights[client], self.batch_size, self.alpha,
                 surrogates, global_surrogate, center, jax.random.fold_in(base, client),

@@ -13,7 +13,9 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ..arrays import device_array
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 from ..minibatch import some_client_smaller
@@ -48,12 +50,13 @@ class FederatedChainState(NamedTuple):
 
 
 def init(position: jax.Array, num_clients: int) -> FederatedChainState:
-    zero = jnp.zeros((), jnp.int32)
+    # device_array: no eager program outside a trace, a constant inside one
+    zero = device_array(0, np.int32)
     return FederatedChainState(
         position=position,
         client=zero,
         iteration=zero,
-        visits=jnp.zeros((num_clients,), jnp.int32),
+        visits=device_array(np.zeros((num_clients,), np.int32)),
     )
 
 

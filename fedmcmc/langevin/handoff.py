@@ -53,6 +53,14 @@ __all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "setup_key"]
 def setup_key(seed: int):
     """The root of every set-up stream of a run (surrogate fits, noise statistics, trust
     radius moments): ``fold_in(key(seed), 2**20)``, the same on every engine."""
+    seed = int(seed)
+    if 0 <= seed < 2**31:  # one compiled program rather than four eager ones
+        return _setup_key_program(np.int32(seed))
+    return jax.random.fold_in(jax.random.key(seed), 2**20)
+
+
+@jax.jit
+def _setup_key_program(seed):
     return jax.random.fold_in(jax.random.key(seed), 2**20)
 
 

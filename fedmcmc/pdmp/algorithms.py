@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from ..algorithm import (
     Algorithm,
     check_nonnegative_float,
@@ -45,7 +46,6 @@ from .distributed import sample_pdmp
 from . import federated, privacy as privacy_module
 from .boomerang import BoomerangSpec
 from .bounds import (
-    as_bound_pair,
     prior_hessian_bounds,
     whitened_bound,
 )
@@ -91,6 +91,17 @@ def _batch_length(num_samples: int) -> int:
     return max(1, int(math.floor(math.sqrt(num_samples))))
 
 
+def _summed_slope_bound(per_example_bound):
+    """A worker's slope bound from the model's ``zigzag_slope_bound(x, v, h, example)``: the
+    sum over its real rows (``mask_m``) of the per-example bounds."""
+
+    def custom_slope(x, v, h, data_m, mask_m):
+        per = jax.vmap(lambda example: per_example_bound(x, v, h, example))(data_m)
+        return jnp.sum(per * mask_m[:, None], axis=0)
+
+    return custom_slope
+
+
 def _run_sums(burn_in: int, num_samples: int, d: int, chains: int):
     """``(accumulate, initial RunSums (chains, ...), batch length)``:
     ``accumulate(n_draws_before, sums, draw, stats) -> sums`` adds one draw of one chain
@@ -113,9 +124,9 @@ def _run_sums(burn_in: int, num_samples: int, d: int, chains: int):
         )
 
     sums = RunSums(
-        rate_sum=jnp.zeros((chains, len(RATE_KEYS)), jnp.float64),
-        rate_count=jnp.zeros((chains, len(RATE_KEYS)), jnp.int32),
-        batch_sum=jnp.zeros((chains, max(num_batches, 1), d), jnp.float64),
+        rate_sum=device_array(np.zeros((chains, len(RATE_KEYS)), np.float64)),
+        rate_count=device_array(np.zeros((chains, len(RATE_KEYS)), np.int32)),
+        batch_sum=device_array(np.zeros((chains, max(num_batches, 1), d), np.float64)),
     )
     return accumulate, sums, b
 
@@ -379,7 +390,9 @@ class _FedPDMP(Algorithm):
         spec = self.spec
         is_zigzag = spec is ZigZagSpec
         out_model = model.flatten(init)
-        init64 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, jnp.float64), init)
+        # host-side conversions (device_array, NumPy): jnp.asarray of a host value compiles a
+        # small program per shape and dtype, a good part of a warm start's time
+        init64 = jax.tree_util.tree_map(lambda leaf: np.asarray(leaf, np.float64), init)
         flat_model = model.flatten(init64)
         theta0 = flat_model.ravel(init64)
         d = flat_model.dim
@@ -457,26 +470,23 @@ class _FedPDMP(Algorithm):
         if ref_share is not None and cv is not False:  # the workers' potentials hold -n_m/N U_ref
             g_ref = g_ref - np.outer(ref_share, np.asarray(ref_precision @ (x_star - reference.mean)))
         prior_part = federated.PriorPart(
-            q=jnp.asarray(q0), l=jnp.asarray(l0), lw=jnp.asarray(lw0), g_ref=jnp.asarray(g_ref0),
-            g_total_ref=jnp.asarray(g_ref.sum(axis=0) + g_ref0))
+            q=device_array(q0), l=device_array(l0), lw=device_array(lw0),
+            g_ref=device_array(g_ref0), g_total_ref=device_array(g_ref.sum(axis=0) + g_ref0))
         info["coordinates_per_worker"] = coords.sum(axis=1).astype(int).tolist()
 
         # Distributed workers keep their data and bounds (q is None on the server).
         workers = federated.Workers(
             data=workers_access.data,
-            mask=None if workers_access.mask is None else jnp.asarray(workers_access.mask, jnp.float64),
-            coords=jnp.asarray(coords), q=None if q is None else jnp.asarray(q),
-            l=jnp.asarray(l), lw=jnp.asarray(lw if ref_share is None else lw + ref_share), rho=jnp.full((M,), self.rho, jnp.float64),
-            cv_weight=jnp.asarray(sizes / sizes.sum()), g_ref=jnp.asarray(g_ref))
+            mask=None if workers_access.mask is None else device_array(workers_access.mask, np.float64),
+            coords=device_array(coords), q=None if q is None else device_array(q),
+            l=device_array(l), lw=device_array(lw if ref_share is None else lw + ref_share),
+            rho=device_array(np.full((M,), self.rho, np.float64)),
+            cv_weight=device_array(sizes / sizes.sum()), g_ref=device_array(g_ref))
 
         custom_slope, horizon = None, float("inf")
         if mode == "custom":
-            fn = attrs["zigzag_slope_bound"]
+            custom_slope = _summed_slope_bound(attrs["zigzag_slope_bound"])
             horizon = float(attrs.get("slope_horizon", 0.5))
-
-            def custom_slope(x, v, h, data_m, mask_m):
-                per = jax.vmap(lambda ex: fn(x, v, h, ex))(data_m)
-                return jnp.sum(per * mask_m[:, None], axis=0)
 
         cfg = federated.FedConfig(
             spec=spec, dim=d, num_workers=M, prior_worker=self.prior != "split",
@@ -490,13 +500,16 @@ class _FedPDMP(Algorithm):
         init_fn, _, draw_step, protocol = federated.build(cfg, workers, prior_part,
                                                           with_protocol=True)
 
-        key = jax.random.key(seed)
-        k_init, k_jit, k_run = jax.random.split(key, 3)
-        starts = jnp.broadcast_to(theta0, (chains, d))
-        if init_jitter > 0:
-            starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
-        # compiled once rather than dispatched op by op (each op compiles on first use)
-        states = jax.jit(jax.vmap(init_fn))(jax.random.split(k_init, chains), starts)
+        def initial_states(seed, theta0):
+            k_init, k_jit, k_run = jax.random.split(jax.random.key(seed), 3)
+            starts = jnp.broadcast_to(theta0, (chains, d))
+            if init_jitter > 0:
+                starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
+            return jax.vmap(init_fn)(jax.random.split(k_init, chains), starts), k_run
+
+        # one compiled program (the keys, the starts and the states), not op by op: in a new
+        # process each eager op compiles (or loads) a program of its own
+        states, k_run = jax.jit(initial_states)(np.asarray(seed), theta0)
         built = BuiltSampler(cfg, draw_step, states, k_run, out_model, info, on_violation)
         if with_protocol:
             built = built._replace(protocol=protocol, prior_part=prior_part, workers=workers)

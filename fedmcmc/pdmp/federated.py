@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from .events import affine_first_time
 from ..rng import exponential64, split_key, uniform64
 
@@ -170,6 +171,25 @@ class FedState(NamedTuple):
     sk_n: jax.Array
 
 
+def batched_like(reference, carry):
+    """``carry`` with every array leaf made to depend on the scalar ``reference`` (same values).
+
+    Under ``vmap`` (chains, workers) a while loop's carry that starts as constants (counters,
+    flags) but becomes batched in the body makes JAX batch the body again until the carry's
+    batching settles, and a nested loop is re-batched on every pass of the outer one: about
+    three quarters of tracing a Fed-PDMC draw. A carry batched like ``reference`` from the
+    start is batched once. Outside ``vmap`` this is the identity (``select(p, a, a)``, which
+    the compiler removes)."""
+    keep = jnp.isnan(reference)
+
+    def leaf(value):
+        if jnp.issubdtype(jnp.result_type(value), jax.dtypes.prng_key):
+            return value
+        return jnp.where(keep, value, value)
+
+    return jax.tree_util.tree_map(leaf, carry)
+
+
 def _exp_time(key, rate):
     rate = jnp.asarray(rate)
     e = exponential64(key)
@@ -220,6 +240,7 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
         done=jnp.array(False), tau=zero + jnp.inf, kind=jnp.int32(0), channel=jnp.int32(0),
         gradient_at_event=g0, proposals=jnp.int32(0), rejections=jnp.int32(0),
         violations=jnp.int32(0))
+    init = batched_like(a0[0], init)
 
     def cond(c: ThinningCarry):
         return (~c.done) & (c.proposals < cfg.max_thinning)
@@ -289,7 +310,10 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     P = M + (1 if cfg.prior_worker else 0)
     all_coords = workers.coords
     if cfg.prior_worker:
-        all_coords = jnp.concatenate([workers.coords, jnp.ones((1, d), workers.coords.dtype)])
+        # on the host: an eager jnp.concatenate compiles three small programs in a new process
+        coords_host = np.asarray(workers.coords)
+        all_coords = device_array(np.concatenate([coords_host,
+                                                  np.ones((1, d), coords_host.dtype)]))
     refresh_total = spec.refresh_total_rate(cfg.refresh_rate, d)
 
     def data_worker_grad(x, data_m, mask_m, g_ref_m, w_m, alpha_m):
@@ -495,7 +519,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             s, i = carry
             return event_step(jax.random.fold_in(key, i), s, t_next, counting), i + 1
 
-        st, _ = jax.lax.while_loop(cond, body, (st, jnp.int32(0)))
+        st, _ = jax.lax.while_loop(cond, body, batched_like(st.t, (st, jnp.int32(0))))
         rate_values = rates(st.x, st.v, st.alpha) if cfg.rate_diagnostics else None
         return draw_end(st, t_next, counting, events_before, rate_values)
 

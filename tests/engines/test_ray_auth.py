@@ -553,3 +553,16 @@ def test_tls_instance_admits_only_clients_with_a_certificate_from_its_ca(tmp_pat
             holder.kill()
             holder.wait()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_started_instance_keeps_its_session_files_in_a_folder_removed_at_shutdown(no_auth_env):
+    """Ray's default folder, /tmp/ray/session_*, is never cleaned up: an instance ray_session()
+    starts without ``_temp_dir`` gets a temporary folder of its own, gone after the session."""
+    if ray.is_initialized():
+        ray.shutdown()
+    with ray_session(init_options={"num_cpus": 1}):
+        folder = ray._private.worker._global_node.get_temp_dir_path()
+        assert os.path.isdir(folder)
+        assert os.path.basename(folder).startswith("fedmcmc-ray-")
+    assert not ray.is_initialized()
+    assert not os.path.exists(folder)
