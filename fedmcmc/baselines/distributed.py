@@ -384,7 +384,7 @@ class _Clients:
         """``respond`` to the clients of ``args_of`` with their arguments; a failure reaches
         the driver as :class:`~fedmcmc.engines.comm.ClientFailure` (the run stops)."""
         clients = sorted(args_of)
-        pendings = [self.transport.call(s, "respond", *args_of[s]) for s in clients]
+        pendings = self.transport.call_each(clients, "respond", lambda s: args_of[s])
         return dict(zip(clients, gather(self.transport, pendings, self.timeout)))
 
     def info(self) -> Dict[str, Any]:

@@ -122,7 +122,7 @@ class BroadcastDraw:
         """Send ``method`` to every live worker and gather the replies; on a failure stop
         (raise) or drop the worker, by the user's choice."""
         live = [m for m in range(self.num_workers) if m not in self.dead]
-        pendings = [self.transport.call(m, method, *per_worker_args(m)) for m in live]
+        pendings = self.transport.call_each(live, method, per_worker_args)
         values, failures = collect(self.transport, pendings, self.timeout)
         for pending, reason in failures:
             self._fail(pending.client, reason)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -183,6 +183,13 @@ class Transport:
     def result(self, pending: Pending) -> Any:
         raise NotImplementedError
 
+    def call_each(self, clients: Sequence[int], method: str,
+                  args_of: Callable[[int], tuple]) -> List[Pending]:
+        """:meth:`call` ``method(*args_of(client))`` of every client of ``clients``: one
+        message each, counted as such. A transport may deliver the messages of clients that
+        share a process together (the Ray transport: one actor call per actor)."""
+        return [self.call(client, method, *args_of(client)) for client in clients]
+
     def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
         """Like :meth:`call`, but arguments may be other calls' :class:`Pending` replies,
         which go to ``client`` from the client that computed them (on Ray, actor to actor,
@@ -325,7 +332,7 @@ def call_all(transport: "Transport", method: str, *args, clients: Optional[Seque
     :class:`ClientFailureError` (no result: nothing was sampled yet)."""
     clients = list(range(transport.num_clients)) if clients is None else list(clients)
     return gather_before_sampling(
-        transport, [transport.call(client, method, *args) for client in clients], timeout)
+        transport, transport.call_each(clients, method, lambda client: args), timeout)
 
 
 def describe_federation(transport: "Transport", federation: Federation, model, init):
@@ -411,6 +418,15 @@ class FaultInjectingTransport(Transport):
             self.inner.record("to_clients", client, method, args)
             return fault
         return self.inner.call(client, method, *args, tag=tag)
+
+    def call_each(self, clients, method, args_of):
+        clients = list(clients)
+        if self.client not in clients:
+            return self.inner.call_each(clients, method, args_of)
+        others = [client for client in clients if client != self.client]
+        delivered = dict(zip(others, self.inner.call_each(others, method, args_of)))
+        delivered[self.client] = self.call(self.client, method, *args_of(self.client))
+        return [delivered[client] for client in clients]
 
     def wait(self, pendings, timeout):
         pendings = list(pendings)

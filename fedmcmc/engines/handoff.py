@@ -415,7 +415,8 @@ def sample_handoff(
 
         def ask(name, args_of_client, clients=None):
             clients = list(range(num_clients)) if clients is None else list(clients)
-            pendings = [transport.call(s, "setup", name, *args_of_client(s)) for s in clients]
+            pendings = transport.call_each(clients, "setup",
+                                           lambda s: (name,) + tuple(args_of_client(s)))
             return gather_before_sampling(transport, pendings, timeout[0])
 
         server = ServerSide(ask=ask, flat_model=flat_model, theta0=theta0,
@@ -433,8 +434,9 @@ def sample_handoff(
             if len(parameters) != len(kept):
                 raise ValueError(f"{protocol.name}.client_parameters returned "
                                  f"{len(parameters)} entries for {len(kept)} clients")
+            parameters_of = dict(zip(kept, parameters))
             gather_before_sampling(
-                transport, [transport.call(s, "configure", p) for s, p in zip(kept, parameters)],
+                transport, transport.call_each(kept, "configure", lambda s: (parameters_of[s],)),
                 timeout[0])
 
         configure_started = time.perf_counter()

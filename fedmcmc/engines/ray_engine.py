@@ -113,9 +113,44 @@ class ClientHost:
             raise RuntimeError(f"client {client} is not hosted here (stopped or never started)")
         return getattr(endpoint, method)(*args)
 
+    def dispatch_each(self, method: str, calls: Sequence[tuple]) -> List[tuple]:
+        """Deliver ``method`` to several hosted clients, ``calls`` holding ``(client, args)``
+        each: one actor call for what are several messages. Replies ``("ok", value)`` or
+        ``("error", reason)`` per client, in order: one client's failure is its own."""
+        replies = []
+        for client, args in calls:
+            try:
+                replies.append(("ok", self.dispatch(client, method, *args)))
+            except Exception as error:  # noqa: BLE001 - reported as that client's failure
+                replies.append(("error", f"{type(error).__name__}: {error}"))
+        return replies
+
     def stop(self, client: int) -> None:
         """Drop client ``client``'s endpoint (and its data) from this actor."""
         self.clients.pop(client, None)
+
+
+class _Batch:
+    """The reply of one :meth:`ClientHost.dispatch_each` call, read once by the first of its
+    clients' results and kept until the last has been read."""
+
+    __slots__ = ("ref", "values", "unread")
+
+    def __init__(self, ref, count: int):
+        self.ref, self.values, self.unread = ref, None, count
+
+
+class _Part:
+    """A :class:`~fedmcmc.engines.comm.Pending`'s handle: one client's place in a batch."""
+
+    __slots__ = ("batch", "position")
+
+    def __init__(self, batch: _Batch, position: int):
+        self.batch, self.position = batch, position
+
+
+def _object_ref(handle):
+    return handle.batch.ref if isinstance(handle, _Part) else handle
 
 
 def actor_groups(num_clients: int, clients_per_actor: Optional[int],
@@ -205,6 +240,29 @@ class RayTransport(Transport):
         handle = None if client in self._dead else self._send(client, method, args)
         return Pending(client, method, handle, tag)
 
+    def call_each(self, clients, method, args_of):
+        """One message per client, counted as such; the messages to clients of the same
+        actor travel in one actor call (:meth:`ClientHost.dispatch_each`)."""
+        clients = list(clients)
+        pendings: Dict[int, Pending] = {}
+        by_actor: Dict[int, List[tuple]] = {}
+        for client in clients:
+            args = tuple(args_of(client))
+            self.record("to_clients", client, method, args)
+            if client in self._dead:
+                pendings[client] = Pending(client, method, None)
+            else:
+                by_actor.setdefault(self.actor_of[client], []).append((client, args))
+        for actor, calls in by_actor.items():
+            if len(calls) == 1:
+                client, args = calls[0]
+                pendings[client] = Pending(client, method, self._send(client, method, args))
+                continue
+            batch = _Batch(self.actors[actor].dispatch_each.remote(method, calls), len(calls))
+            for position, (client, _) in enumerate(calls):
+                pendings[client] = Pending(client, method, _Part(batch, position))
+        return [pendings[client] for client in clients]
+
     def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
         if client in self._dead:
             return Pending(client, method, None, tag)
@@ -219,25 +277,44 @@ class RayTransport(Transport):
         live = [p for p in pendings if p.handle is not None]
         if dead or not live:
             return dead, live
-        by_ref = {p.handle: p for p in live}
+        by_ref: Dict[Any, List[Pending]] = {}
+        for pending in live:  # the clients of one batch share its object reference
+            by_ref.setdefault(_object_ref(pending.handle), []).append(pending)
         refs = list(by_ref)
         ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
         ready_set = set(ready)
-        return [by_ref[r] for r in ready], [by_ref[r] for r in refs if r not in ready_set]
+        return ([p for r in ready for p in by_ref[r]],
+                [p for r in refs if r not in ready_set for p in by_ref[r]])
 
     def result(self, pending: Pending) -> Any:
         ray = self._ray
-        if pending.handle is None:
+        handle = pending.handle
+        if handle is None:
             raise ClientFailure(pending.client, "actor already dead")
         try:
-            value = ray.get(pending.handle, timeout=60)
+            if isinstance(handle, _Part):
+                value = self._part(handle, pending.client)
+            else:
+                value = ray.get(handle, timeout=60)
         except ray.exceptions.RayActorError as error:
             raise ClientFailure(pending.client, f"actor died ({type(error).__name__})") from None
         except ray.exceptions.RayError as error:
             raise ClientFailure(pending.client, f"{type(error).__name__}: {error}") from None
         self.record("from_clients", pending.client, pending.method, value)
+        return value
+
+    def _part(self, part: _Part, client: int) -> Any:
+        batch = part.batch
+        if batch.values is None:
+            batch.values = self._ray.get(batch.ref, timeout=60)
+        status, value = batch.values[part.position]
+        batch.unread -= 1
+        if batch.unread == 0:
+            batch.values = None  # every client of the batch has its reply
+        if status == "error":
+            raise ClientFailure(client, value)
         return value
 
     def alive(self, client: int) -> bool:

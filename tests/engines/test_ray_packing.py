@@ -143,3 +143,35 @@ def test_a_client_failing_to_start_fails_alone_and_is_named(local_ray, tmp_path)
     error = caught.value
     assert error.client == 2 and error.result is None
     assert "failed to start" in error.reason and "client_2_is_gone" in error.reason
+
+
+def test_call_each_sends_one_actor_call_per_actor_and_keeps_failures_per_client(local_ray,
+                                                                                tmp_path):
+    """RayTransport.call_each: the messages to one actor's clients travel together, each is
+    counted, each client's reply (or failure) is its own; a stopped client of a shared actor
+    fails alone."""
+    from fedmcmc.engines.comm import ClientEndpoint, collect
+    from fedmcmc.engines.ray_engine import RayTransport
+
+    rows = [np.full((n, 2), float(s), np.float32) for s, n in enumerate((3, 4, 5, 6))]
+    sources = [functools.partial(np.asarray, r) for r in rows]
+    sources[1] = functools.partial(np.load, str(tmp_path / "client_1_is_gone.npy"))
+    transport = RayTransport([(ClientEndpoint, (s, sources[s])) for s in range(4)],
+                             groups=[[0, 1, 2], [3]])
+    try:
+        pendings = transport.call_each([0, 1, 2, 3], "ping", lambda client: ())
+        # clients 0-2 share one batched actor call; client 3's actor gets a plain call
+        assert len({id(getattr(p.handle, "batch", p.handle)) for p in pendings}) == 2
+        values, failures = collect(transport, pendings, TIMEOUT)
+        assert values == [0, None, 2, 3]
+        assert [(p.client, "failed to start" in reason) for p, reason in failures] == [(1, True)]
+        assert transport.counts == {"to_clients": 4, "from_clients": 3}
+
+        transport.kill(2)  # client 2 stops; its actor goes on serving client 0
+        values, failures = collect(
+            transport, transport.call_each([0, 2, 3], "describe", lambda client: ()), TIMEOUT)
+        assert [v.size for v in (values[0], values[2])] == [3, 6] and values[1] is None  # rows
+        assert [p.client for p, _ in failures] == [2]
+        assert transport.placement() == {"ray_actors": [[0, 1, 2], [3]]}
+    finally:
+        transport.close()
