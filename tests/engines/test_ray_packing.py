@@ -102,6 +102,7 @@ def test_packed_actors_give_the_in_process_draws(local_ray, dsgld_reference):
         assert packed.info[key] == separate.info[key], key
 
 
+@pytest.mark.slow  # the default suite's Ray identity tests already run packed (2-CPU fixture)
 def test_fed_zigzag_and_dula_run_packed(local_ray):
     federation = gaussian_federation()
     for algorithm, kwargs in ((fm.FedZigZag(sample_interval=0.2), dict(chains=1)),
