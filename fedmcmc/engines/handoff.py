@@ -32,6 +32,7 @@ rounding of the data layout), which the tests check.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -58,6 +59,12 @@ __all__ = ["HandoffClient", "HandoffServer", "sample_handoff", "sample_protocol"
 
 
 # ----------------------------------------------------------------------------- client side
+
+#: the visits the clients of this process share, per protocol object (while it lives) and
+#: per (flat model, run spec, row layout): HandoffClient._build_visit
+_SHARED_VISITS: "weakref.WeakKeyDictionary[HandoffProtocol, Dict[tuple, Callable]]" = (
+    weakref.WeakKeyDictionary())
+
 
 
 class HandoffClient(ClientEndpoint):
@@ -123,6 +130,21 @@ class HandoffClient(ClientEndpoint):
         return tuple(np.asarray(leaf) for leaf in final), draws, first
 
     def _build_visit(self):
+        """The compiled visit: shared with the same-shaped clients of this process when the
+        protocol allows it (``update_reads_only_rows``), else this client's own."""
+        protocol = self.protocol
+        if not getattr(protocol, "update_reads_only_rows", False):
+            return self._new_visit()
+        layout = self.context.data
+        key = (self.context.flat_model, tuple(sorted(self.spec.items())),
+               tuple(np.asarray(layout.offsets).tolist()),
+               tuple(np.asarray(layout.sizes).tolist()))
+        visits = _SHARED_VISITS.setdefault(protocol, {})
+        if key not in visits:
+            visits[key] = self._new_visit()
+        return visits[key]
+
+    def _new_visit(self):
         protocol, context = self.protocol, self.context
         root = jax.random.key(self.spec["seed"])
         chains, thin, steps = self.spec["chains"], self.spec["thin"], protocol.local_steps

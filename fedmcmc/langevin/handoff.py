@@ -110,6 +110,7 @@ class DSGLDProtocol(HandoffProtocol):
     estimator (4) with its own minibatches and its f_s."""
 
     name = "DSGLD"
+    update_reads_only_rows = True  # _kernel reads the context's flat_model and data only
 
     def __init__(self, step_size, batch_size: int, local_steps: int, noise: bool = True,
                  divergence_threshold: float = 1e10, anchor=None, client_weights=None,

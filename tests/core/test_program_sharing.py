@@ -88,10 +88,22 @@ def test_visits_of_same_shaped_clients_lower_to_one_program():
     texts = [program(client) for client in clients]
     assert texts[0] == texts[1]  # the rows are an argument, not constants of the program
     assert texts[0] != texts[2]  # 31 rows: another shape
+    # DSGLD's update reads only the rows of its context: one traced visit for both
+    assert protocol.update_reads_only_rows
+    assert clients[0]._visit is clients[1]._visit and clients[2]._visit is not clients[0]._visit
     # and each visit still runs on its own client's rows
     carry = protocol.init_carry(np.zeros(4, np.float32))
     ends = [clients[s].visit(0, carry, 0)[0][0] for s in (0, 1)]
     assert not np.allclose(ends[0], ends[1])
+
+
+def test_a_protocol_that_does_not_promise_it_gets_a_visit_per_client():
+    protocol = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
+    protocol.update_reads_only_rows = False  # e.g. an update that reads context.index
+    clients = [_client(s, _rows(s, 30), protocol) for s in (0, 1)]
+    for client in clients:
+        client.configure({"weight": np.float32(1 / 3)})
+    assert clients[0]._visit is not clients[1]._visit
 
 
 def test_clients_of_one_process_share_one_share_model():
