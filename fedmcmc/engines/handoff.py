@@ -139,7 +139,10 @@ class HandoffClient(ClientEndpoint):
         key = (self.context.flat_model, tuple(sorted(self.spec.items())),
                tuple(np.asarray(layout.offsets).tolist()),
                tuple(np.asarray(layout.sizes).tolist()))
-        visits = _SHARED_VISITS.setdefault(protocol, {})
+        try:
+            visits = _SHARED_VISITS.setdefault(protocol, {})
+        except TypeError:  # a protocol class that is not hashable (or not weakly referable)
+            return self._new_visit()
         if key not in visits:
             visits[key] = self._new_visit()
         return visits[key]
