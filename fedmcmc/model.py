@@ -102,13 +102,12 @@ class Model:
         if not leaves:
             raise ValueError(f"{argument} is empty: expected a parameter pytree with array leaves")
         for leaf in leaves:
-            # NumPy for host values (jnp.asarray of one compiles a small program)
-            array = leaf if isinstance(leaf, (jax.Array, np.ndarray)) else np.asarray(leaf)
+            array = np.asarray(leaf)  # NumPy: jnp.asarray of a host value compiles a program
             if not jnp.issubdtype(array.dtype, jnp.floating):
                 raise ValueError(
                     f"{argument} must have floating-point leaves, got dtype {array.dtype}"
                 )
-            if not np.all(np.isfinite(np.asarray(array))):  # NumPy: no program to compile
+            if not np.all(np.isfinite(array)):
                 raise ValueError(f"{argument} contains NaN or infinite values")
         try:
             prior_shape = jax.eval_shape(self.log_prior, params)

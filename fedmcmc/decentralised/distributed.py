@@ -56,7 +56,7 @@ from ..protocols import ClientContext
 from ..results import assemble_result
 from ..schedules import decaying_schedule
 from . import kernels
-from ..engines.ray_engine import RayTransport, ray_session
+from ..engines.ray_engine import ray_transports
 from ..engines.ray_security import session_authentication
 
 __all__ = ["AgentFunctions", "NeighbourRun", "run_neighbour", "sample_decentralised"]
@@ -214,16 +214,11 @@ class AgentFunctions:
 
 def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
                          chains, seed, progress=None, **options):
-    """DULA/GT-DULA with one Ray actor per agent (``engine="ray"``): :func:`run_neighbour`
+    """DULA/GT-DULA with the agents in Ray actors (``engine="ray"``): :func:`run_neighbour`
     on a :class:`~fedmcmc.engines.ray_engine.RayTransport` inside the authenticated session;
     returns its :class:`NeighbourRun`."""
     options = check_engine_options(options, algorithm.name)
-
-    def make_transport(specs):
-        return RayTransport.from_options(specs, options)
-
-    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
-                     options.get("allow_unauthenticated_cluster", False)):
+    with ray_transports(options) as make_transport:
         authentication = session_authentication()  # for info (ray_security.py)
         neighbour_run = run_neighbour(algorithm, model, federation, make_transport, "ray", options,
                                init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,

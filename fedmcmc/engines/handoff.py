@@ -32,9 +32,8 @@ rounding of the data layout), which the tests check.
 from __future__ import annotations
 
 import dataclasses
-import weakref
-
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import jax
@@ -51,7 +50,7 @@ from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessT
 from .driver import PartialDraws, check_draws, drive
 from .local import iteration_key
 from .options import check_engine_options
-from .ray_engine import RayTransport, ray_session
+from .ray_engine import ray_transports
 from .ray_security import record_ray_authentication
 
 __all__ = ["HandoffClient", "HandoffServer", "sample_handoff", "sample_protocol",
@@ -64,7 +63,6 @@ __all__ = ["HandoffClient", "HandoffServer", "sample_handoff", "sample_protocol"
 #: per (flat model, run spec, row layout): HandoffClient._build_visit
 _SHARED_VISITS: "weakref.WeakKeyDictionary[HandoffProtocol, Dict[tuple, Callable]]" = (
     weakref.WeakKeyDictionary())
-
 
 
 class HandoffClient(ClientEndpoint):
@@ -572,12 +570,7 @@ def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_sam
     """A hand-off protocol (DSGLD, FSGLD, or one defined outside the package) on Ray, the
     client endpoints placed in actors as the engine options ask (``ray_engine.py``)."""
     options = check_engine_options(options, protocol.name)
-
-    def make_transport(specs):
-        return RayTransport.from_options(specs, options)
-
-    with ray_session(options.get("ray_address"), options.get("ray_init_options"),
-                     options.get("allow_unauthenticated_cluster", False)):
+    with ray_transports(options) as make_transport:
         return record_ray_authentication(sample_handoff(
             protocol, model, federation, make_transport,
             init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,

@@ -131,13 +131,13 @@ class ClientHost:
 
 
 class _Batch:
-    """The reply of one :meth:`ClientHost.dispatch_each` call, read once by the first of its
-    clients' results and kept until the last has been read."""
+    """The reply of one :meth:`ClientHost.dispatch_each` call, fetched by the first of its
+    clients' results and read from here by the others (it lives as long as their pendings)."""
 
-    __slots__ = ("ref", "values", "unread")
+    __slots__ = ("ref", "values")
 
-    def __init__(self, ref, count: int):
-        self.ref, self.values, self.unread = ref, None, count
+    def __init__(self, ref):
+        self.ref, self.values = ref, None
 
 
 class _Part:
@@ -258,7 +258,7 @@ class RayTransport(Transport):
                 client, args = calls[0]
                 pendings[client] = Pending(client, method, self._send(client, method, args))
                 continue
-            batch = _Batch(self.actors[actor].dispatch_each.remote(method, calls), len(calls))
+            batch = _Batch(self.actors[actor].dispatch_each.remote(method, calls))
             for position, (client, _) in enumerate(calls):
                 pendings[client] = Pending(client, method, _Part(batch, position))
         return [pendings[client] for client in clients]
@@ -310,9 +310,6 @@ class RayTransport(Transport):
         if batch.values is None:
             batch.values = self._ray.get(batch.ref, timeout=60)
         status, value = batch.values[part.position]
-        batch.unread -= 1
-        if batch.unread == 0:
-            batch.values = None  # every client of the batch has its reply
         if status == "error":
             raise ClientFailure(client, value)
         return value

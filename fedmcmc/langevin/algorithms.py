@@ -176,8 +176,9 @@ class _LangevinAlgorithm(Algorithm):
         final = run.state
         info = dict(info)
         if client_aware:
-            rounds = np.asarray(final.visits).sum(axis=-1)  # final.rounds, in NumPy
-            visits = np.asarray(final.visits).sum(axis=0)
+            visits_per_chain = np.asarray(final.visits)
+            rounds = visits_per_chain.sum(axis=-1)  # final.rounds, in NumPy
+            visits = visits_per_chain.sum(axis=0)
             info["rounds"] = int(rounds.max())
             info["rounds_per_chain"] = rounds.tolist()
             info["visits_per_client"] = visits.tolist()

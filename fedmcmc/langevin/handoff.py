@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import rng
 from .. import surrogates as surrogate_module
 from ..federation import Federation
 from ..model import Model
@@ -53,15 +54,12 @@ __all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "setup_key"]
 def setup_key(seed: int):
     """The root of every set-up stream of a run (surrogate fits, noise statistics, trust
     radius moments): ``fold_in(key(seed), 2**20)``, the same on every engine."""
-    seed = int(seed)
-    if 0 <= seed < 2**31:  # one compiled program rather than four eager ones
-        return _setup_key_program(np.int32(seed))
-    return jax.random.fold_in(jax.random.key(seed), 2**20)
+    return _setup_fold(rng.seed_key(seed))
 
 
-@jax.jit
-def _setup_key_program(seed):
-    return jax.random.fold_in(jax.random.key(seed), 2**20)
+@jax.jit  # compiled: an eager fold_in compiles small programs of its own in a new process
+def _setup_fold(key):
+    return jax.random.fold_in(key, 2**20)
 
 
 class ClientSetup(NamedTuple):

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import rng
 from ..arrays import device_array
 from ..algorithm import (
     Algorithm,
@@ -56,7 +57,7 @@ from .single import make_reference
 from .zigzag import ZigZagSpec
 from ..engines.options import check_engine_options
 from ..engines.comm import ClientFailureError
-from ..engines.ray_engine import RayTransport, ray_session
+from ..engines.ray_engine import ray_transports
 from ..engines.ray_security import record_ray_authentication
 
 __all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError", "BuiltSampler"]
@@ -276,12 +277,7 @@ class _FedPDMP(Algorithm):
         skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
         init_jitter = check_nonnegative_float(init_jitter, "init_jitter")
         if engine == "ray":
-            def make_transport(specs):
-                return RayTransport.from_options(specs, engine_options)
-
-            with ray_session(engine_options.get("ray_address"),
-                             engine_options.get("ray_init_options"),
-                             engine_options.get("allow_unauthenticated_cluster", False)):
+            with ray_transports(engine_options) as make_transport:
                 with jax.enable_x64(True):
                     return record_ray_authentication(self._sample_distributed(
                         model, federation, init, num_samples, burn_in, chains, seed, progress,
@@ -500,8 +496,8 @@ class _FedPDMP(Algorithm):
         init_fn, _, draw_step, protocol = federated.build(cfg, workers, prior_part,
                                                           with_protocol=True)
 
-        def initial_states(seed, theta0):
-            k_init, k_jit, k_run = jax.random.split(jax.random.key(seed), 3)
+        def initial_states(key, theta0):
+            k_init, k_jit, k_run = jax.random.split(key, 3)
             starts = jnp.broadcast_to(theta0, (chains, d))
             if init_jitter > 0:
                 starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
@@ -509,7 +505,7 @@ class _FedPDMP(Algorithm):
 
         # one compiled program (the keys, the starts and the states), not op by op: in a new
         # process each eager op compiles (or loads) a program of its own
-        states, k_run = jax.jit(initial_states)(np.asarray(seed), theta0)
+        states, k_run = jax.jit(initial_states)(rng.seed_key(seed), theta0)
         built = BuiltSampler(cfg, draw_step, states, k_run, out_model, info, on_violation)
         if with_protocol:
             built = built._replace(protocol=protocol, prior_part=prior_part, workers=workers)
