@@ -17,15 +17,16 @@ events how many programs the run compiled or loaded, how many of those were cach
 the seconds spent tracing, lowering and compiling-or-loading.
 
 ``--ray`` adds the Ray engine's set-up against the local engine: the same FSGLD run with
-``engine="ray"`` (Ray started on loopback in the child; the engine's default placement, one
-actor per CPU, or ``--clients-per-actor N``, e.g. 1 for one actor per client) after a warm
+``engine="ray"`` (Ray started on loopback in the child; ``--clients-per-actor auto``, the
+default here: one actor per CPU; ``default``: the engine's default, one actor per client; or
+N) after a warm
 local run, cold and warm cache, each in a fresh process; Ray's own start is included.
 
     python benchmarks/bench_startup.py
     python benchmarks/bench_startup.py --repeats 3 --ray
     python benchmarks/bench_startup.py --repeats 1 --ray --ray-problem table1 --families FSGLD
     python benchmarks/bench_startup.py --repeats 1 --ray --ray-problem table1 --families FSGLD \
-        --clients-per-actor 1
+        --clients-per-actor default
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ monitoring.register_event_duration_secs_listener(on_duration)
 
 family, engine = sys.argv[1], sys.argv[2]
 engine_options = {} if engine == "local" or sys.argv[3] == "default" else {
-    "clients_per_actor": int(sys.argv[3])}
+    "clients_per_actor": sys.argv[3] if sys.argv[3] == "auto" else int(sys.argv[3])}
 rs = np.random.default_rng(1)
 if family == "FSGLD-table1":
     from fedmcmc.models import synthetic
@@ -162,9 +163,10 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also Ray set-up against local")
     parser.add_argument("--ray-problem", default="toy", choices=RAY_PROBLEMS,
                         help="with --ray: the 4-client toy (default) or FSGLD Table 1's 30 clients")
-    parser.add_argument("--clients-per-actor", default="default",
-                        help="with --ray: the engine option clients_per_actor (default: the "
-                             "engine's, one actor per CPU)")
+    parser.add_argument("--clients-per-actor", default="auto",
+                        help="with --ray: the engine option clients_per_actor: auto (default "
+                             "here, one actor per CPU), default (the engine's, one actor per "
+                             "client) or an integer")
     args = parser.parse_args()
     started = time.perf_counter()
     print(f"python {sys.version.split()[0]}; load average at start {os.getloadavg()[0]:.1f}; "

@@ -17,7 +17,7 @@ ENGINE_OPTIONS = (
     "on_client_failure",
     "client_resources",
     "client_num_cpus",
-    "clients_per_actor",  # client endpoints per Ray actor (default: one actor per CPU)
+    "clients_per_actor",  # client endpoints per Ray actor (default 1; "auto": one actor per CPU)
     "audit_messages",
     "ray_init_options",
     "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
@@ -60,9 +60,13 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
     if policy not in ("stop", "drop"):
         raise ValueError(f"on_client_failure must be 'stop' or 'drop', got {policy!r}")
     out["on_client_failure"] = policy
-    if out.get("clients_per_actor") is not None:
-        out["clients_per_actor"] = check_positive_int(out["clients_per_actor"],
-                                                      "clients_per_actor")
+    per_actor = out.get("clients_per_actor")
+    if per_actor is not None and not (isinstance(per_actor, str) and per_actor == "auto"):
+        try:
+            out["clients_per_actor"] = check_positive_int(per_actor, "clients_per_actor")
+        except ValueError:
+            raise ValueError("clients_per_actor must be a positive integer or 'auto', "
+                             f"got {per_actor!r}") from None
     timeout = out.get("visit_timeout")
     if timeout is not None:
         out["visit_timeout"] = check_positive_float(timeout, "visit_timeout")

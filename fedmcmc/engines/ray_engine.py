@@ -43,12 +43,12 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     CPUs reserved per client (default 0: actors share the machine); an actor
     hosting k clients reserves k times this.
 ``clients_per_actor``
-    How many client endpoints one actor hosts. Default ``None``: one per client
-    when ``client_resources`` is given (each client placed on its own node), else
-    as many actors as the cluster has CPUs (``ray.cluster_resources()["CPU"]``),
-    clients spread over them in contiguous blocks: on one machine, 30 clients in
-    30 processes would each import JAX and compile the same programs while
-    contending for the same cores. ``1`` forces one actor per client. With
+    How many client endpoints one actor hosts. Default ``None``: one actor per
+    client. ``"auto"``: as many actors as the cluster has CPUs
+    (``ray.cluster_resources()["CPU"]``), clients spread over them in contiguous
+    blocks (with ``client_resources``: one per client): on one machine, 30
+    clients in 30 processes each import JAX and compile the same programs while
+    contending for the same cores. An integer k: at most k per actor. With
     ``client_resources``, only clients whose resource dicts are equal share an
     actor. ``info["ray_actors"]`` lists the clients of each actor.
 ``audit_messages``
@@ -153,13 +153,15 @@ def _object_ref(handle):
     return handle.batch.ref if isinstance(handle, _Part) else handle
 
 
-def actor_groups(num_clients: int, clients_per_actor: Optional[int],
-                 resources: Optional[Sequence[dict]], cluster_cpus: float) -> List[List[int]]:
+def actor_groups(num_clients: int, clients_per_actor, resources: Optional[Sequence[dict]],
+                 cluster_cpus: float) -> List[List[int]]:
     """The clients each actor hosts (see the option ``clients_per_actor``): contiguous blocks
-    of at most ``clients_per_actor`` clients, among clients with equal ``resources``; by
-    default one client per actor with ``resources``, else ``ceil(num_clients / cluster_cpus)``
-    per actor, that is one actor per CPU of the cluster."""
+    of at most ``clients_per_actor`` clients, among clients with equal ``resources``; ``None``
+    one client per actor; ``"auto"`` one client per actor with ``resources``, else
+    ``ceil(num_clients / cluster_cpus)`` per actor, that is one actor per CPU of the cluster."""
     if clients_per_actor is None:
+        clients_per_actor = 1
+    elif clients_per_actor == "auto":
         if resources is not None:
             clients_per_actor = 1
         else:

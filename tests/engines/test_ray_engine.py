@@ -1,6 +1,5 @@
-"""The Ray engine (issue 7): DSGLD/FSGLD, DULA/GT-DULA and Fed-PDMC with the clients in Ray actors
-(on the 2-CPU fixture the default placement packs 4 clients into 2 actors; one actor per client
-is checked in test_ray_packing.py and by the multi-node test).
+"""The Ray engine (issue 7): DSGLD/FSGLD, DULA/GT-DULA and Fed-PDMC with one Ray actor per client
+(the default; several clients per actor, ``clients_per_actor``, in test_ray_packing.py).
 
 Every test binds loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before
 Ray is imported, ``_node_ip_address="127.0.0.1"``), bounds its run time

@@ -1,7 +1,8 @@
 """Several client endpoints per Ray actor (issue 18: Ray set-up on one machine).
 
-``clients_per_actor`` (default: one actor per CPU of the cluster, one per client with
-``client_resources``) packs client endpoints into :class:`~fedmcmc.engines.ray_engine.ClientHost`
+``clients_per_actor`` (default one actor per client, as ../shared/CONTRACT.md describes
+engine="ray"; ``"auto"``: one actor per CPU of the cluster, one per client with
+``client_resources``; an integer k: at most k per actor) packs client endpoints into :class:`~fedmcmc.engines.ray_engine.ClientHost`
 actors. Packing changes where endpoints run, never what they compute: the draws are the
 in-process engine's; each client still loads, holds and answers for its own rows; a client
 that fails (at start or later) fails alone, the others of its actor go on.
@@ -31,15 +32,16 @@ RUN = dict(init=jnp.zeros(DIM), num_samples=60, burn_in=0, thin=5, chains=2, see
 
 # ----------------------------------------------------------------------------- grouping rule
 
-def test_default_groups_are_one_actor_per_cpu_in_balanced_contiguous_blocks():
-    assert actor_groups(30, None, None, 2) == [list(range(15)), list(range(15, 30))]
+def test_auto_groups_are_one_actor_per_cpu_in_balanced_contiguous_blocks():
+    assert actor_groups(30, None, None, 2) == [[c] for c in range(30)]  # the default
+    assert actor_groups(30, "auto", None, 2) == [list(range(15)), list(range(15, 30))]
     # 30 clients on 4 CPUs: blocks of 8, 8, 7, 7 (not 8, 8, 8, 6)
-    sizes = [len(g) for g in actor_groups(30, None, None, 4)]
+    sizes = [len(g) for g in actor_groups(30, "auto", None, 4)]
     assert sizes == [8, 8, 7, 7]
     # more CPUs than clients: one actor per client
-    assert actor_groups(3, None, None, 64) == [[0], [1], [2]]
+    assert actor_groups(3, "auto", None, 64) == [[0], [1], [2]]
     # a cluster reporting no CPU still gets one actor
-    assert actor_groups(5, None, None, 0) == [[0, 1, 2, 3, 4]]
+    assert actor_groups(5, "auto", None, 0) == [[0, 1, 2, 3, 4]]
 
 
 def test_explicit_clients_per_actor_and_resources():
@@ -48,6 +50,7 @@ def test_explicit_clients_per_actor_and_resources():
     # client_resources: one actor per client unless asked, and then only equal dicts share
     pinned = [{"site_a": 1}, {"site_b": 1}, {"site_a": 1}, {"site_b": 1}, {}]
     assert actor_groups(5, None, pinned, 2) == [[0], [1], [2], [3], [4]]
+    assert actor_groups(5, "auto", pinned, 2) == [[0], [1], [2], [3], [4]]
     assert actor_groups(5, 4, pinned, 2) == [[0, 2], [1, 3], [4]]
     groups = actor_groups(7, 3, None, 1)
     assert sorted(c for g in groups for c in g) == list(range(7))
@@ -57,7 +60,7 @@ def test_explicit_clients_per_actor_and_resources():
 def test_clients_per_actor_is_checked():
     federation = gaussian_federation()
     algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
-    for bad in (0, -1, 1.5, "two"):
+    for bad in (0, -1, 1.5, "two", "Auto"):
         with pytest.raises(ValueError, match="clients_per_actor"):
             fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray", clients_per_actor=bad,
                       **RUN)
@@ -81,8 +84,8 @@ def _pids(result):
 def test_packed_actors_give_the_in_process_draws(local_ray, dsgld_reference):
     federation, algorithm, reference = dsgld_reference
     packed = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
-                       visit_timeout=TIMEOUT, **RUN)
-    # the default on the fixture's 2-CPU instance: 4 clients in 2 actors of 2
+                       visit_timeout=TIMEOUT, clients_per_actor="auto", **RUN)
+    # "auto" on the fixture's 2-CPU instance: 4 clients in 2 actors of 2
     assert packed.info["ray_actors"] == [[0, 1], [2, 3]]
     pids = _pids(packed)
     assert pids[0] == pids[1] and pids[2] == pids[3] and pids[0] != pids[2]
@@ -91,7 +94,7 @@ def test_packed_actors_give_the_in_process_draws(local_ray, dsgld_reference):
     assert set(np.unique(packed.sample_stats["client"])) == {0, 1, 2, 3}
 
     separate = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
-                         visit_timeout=TIMEOUT, clients_per_actor=1, **RUN)
+                         visit_timeout=TIMEOUT, **RUN)  # the default: one actor per client
     assert separate.info["ray_actors"] == [[0], [1], [2], [3]]
     assert len(set(_pids(separate))) == 4
     np.testing.assert_allclose(separate.flat_samples(), reference.flat_samples(), rtol=0,
@@ -102,7 +105,6 @@ def test_packed_actors_give_the_in_process_draws(local_ray, dsgld_reference):
         assert packed.info[key] == separate.info[key], key
 
 
-@pytest.mark.slow  # the default suite's Ray identity tests already run packed (2-CPU fixture)
 def test_fed_zigzag_and_dula_run_packed(local_ray):
     federation = gaussian_federation()
     for algorithm, kwargs in ((fm.FedZigZag(sample_interval=0.2), dict(chains=1)),
@@ -121,7 +123,7 @@ def test_a_dropped_client_leaves_its_actor_serving_the_others(local_ray, dsgld_r
     federation, algorithm, _ = dsgld_reference
     result = fm.sample(
         GAUSSIAN_MODEL, federation, algorithm, engine="ray", visit_timeout=TIMEOUT,
-        on_client_failure="drop",
+        on_client_failure="drop", clients_per_actor="auto",
         fault_injection={"client": 1, "after_visits": 2, "kind": "exit"}, **RUN)
     info = result.info
     assert info["ray_actors"] == [[0, 1], [2, 3]] and info["dropped_clients"] == [1]
@@ -140,7 +142,7 @@ def test_a_client_failing_to_start_fails_alone_and_is_named(local_ray, tmp_path)
     algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
     with pytest.raises(ClientFailureError) as caught:
         fm.sample(GAUSSIAN_MODEL, fm.Federation.from_loaders(loaders), algorithm, engine="ray",
-                  visit_timeout=TIMEOUT, **RUN)
+                  visit_timeout=TIMEOUT, clients_per_actor="auto", **RUN)
     error = caught.value
     assert error.client == 2 and error.result is None
     assert "failed to start" in error.reason and "client_2_is_gone" in error.reason
