@@ -100,9 +100,14 @@ class BroadcastDraw:
             worker_keys, _ = p.event_keys(jax.random.fold_in(draw_key, i))
             return jax.random.key_data(worker_keys), p.event_cap(st, t_next)
 
+        def begin(st):
+            st, t_next, counting, events_before = p.draw_begin(st)
+            return st, t_next, counting, events_before, st.t < t_next
+
         def apply(draw_key, i, st, res, t_next, counting, active):
             new = p.apply_proposals(jax.random.fold_in(draw_key, i), st, res, t_next, counting)
-            return jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new, st)
+            new = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new, st)
+            return new, new.t < t_next
 
         def rates(st, g_workers):
             g = jnp.concatenate([g_workers, p.prior_gradient_row(st.x)])
@@ -111,7 +116,10 @@ class BroadcastDraw:
         def end(st, t_next, counting, events_before, rate_values):
             return p.draw_end(st, t_next, counting, events_before, rate_values)
 
-        self._begin = jax.jit(jax.vmap(p.draw_begin))
+        # every round runs two compiled calls and no eager operation: the chains that are
+        # still short of their next sample time come out of them (an eager comparison or
+        # device transfer costs as much as a compiled call)
+        self._begin = jax.jit(jax.vmap(begin))
         self._prepare = jax.jit(jax.vmap(prepare, in_axes=(0, None, 0, 0)))
         self._apply = jax.jit(jax.vmap(apply, in_axes=(0, None, 0, 0, 0, 0, 0)))
         self._rates = jax.jit(jax.vmap(rates))
@@ -142,9 +150,9 @@ class BroadcastDraw:
 
     def __call__(self, draw_keys, states):
         M = self.num_workers
-        states, t_next, counting, events_before = self._begin(states)
+        states, t_next, counting, events_before, active = self._begin(states)
         i = 0
-        active = np.asarray(states.t < t_next)
+        active = np.asarray(active)
         while active.any() and i < self.max_rounds_per_draw:
             key_data, caps = self._prepare(draw_keys, i, states, t_next)
             key_data = np.asarray(key_data)  # (C, M, 2)
@@ -155,15 +163,15 @@ class BroadcastDraw:
                 "respond", lambda m: (key_data[:, m], x, v, caps, alpha[:, m], scale[:, m]))
             self.event_rounds += 1
             res = self._stack(replies, scale)
-            states = self._apply(draw_keys, i, states, res, t_next, counting, jnp.asarray(active))
+            states, active = self._apply(draw_keys, i, states, res, t_next, counting, active)
             i += 1
-            active = np.asarray(states.t < t_next)
+            active = np.asarray(active)
         rate_values = None
         if self.rate_diagnostics:
             x, alpha = np.asarray(states.x), np.asarray(states.alpha)
             grads = self._broadcast("setup", lambda m: ("gradient", x, alpha[:, m]))
             g = np.stack([grads[m] if m in grads else np.zeros_like(x) for m in range(M)], axis=1)
-            rate_values = self._rates(states, jnp.asarray(g))
+            rate_values = self._rates(states, g)
         return self._end(states, t_next, counting, events_before, rate_values)
 
     def _stack(self, replies: Dict[int, Any], scale: np.ndarray):
@@ -173,5 +181,4 @@ class BroadcastDraw:
         rows = [replies[m] if m in replies else self.protocol.silent_proposal(chains, scale[:, m])
                 for m in range(self.num_workers)]
         fields = len(rows[0])
-        return tuple(jnp.asarray(np.stack([row[k] for row in rows], axis=1))
-                     for k in range(fields))
+        return tuple(np.stack([row[k] for row in rows], axis=1) for k in range(fields))

@@ -183,6 +183,14 @@ class Transport:
     def result(self, pending: Pending) -> Any:
         raise NotImplementedError
 
+    def wait_every(self, pendings: Sequence[Pending],
+                   timeout: Optional[float]) -> Tuple[list, list]:
+        """Like :meth:`wait`, for a caller that needs every reply (:func:`collect`): it may
+        return only once all are ready or ``timeout`` has passed. The default is
+        :meth:`wait` (the caller then waits again for the rest); a transport for which a
+        wake-up per reply is costly overrides it (the Ray transport: one ``ray.wait``)."""
+        return self.wait(pendings, timeout)
+
     def call_each(self, clients: Sequence[int], method: str,
                   args_of: Callable[[int], tuple]) -> List[Pending]:
         """:meth:`call` ``method(*args_of(client))`` of every client of ``clients``: one
@@ -288,7 +296,7 @@ def collect(transport: "Transport", pendings: Sequence[Pending],
     deadline = None if timeout is None else time.perf_counter() + timeout
     while waiting:
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        ready, waiting = transport.wait(waiting, timeout=left)
+        ready, waiting = transport.wait_every(waiting, left)
         if not ready:
             failures += [(pending, f"no answer to {pending.method!r} within "
                                    f"visit_timeout={timeout:g} s") for pending in waiting]

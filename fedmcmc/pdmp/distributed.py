@@ -144,15 +144,16 @@ class WorkerFunctions:
         its :class:`~fedmcmc.pdmp.federated.WorkerProposal` out)."""
         state = self._state(context)
         with jax.enable_x64(True):
-            out = state.propose(jnp.asarray(key_data), jnp.asarray(x), jnp.asarray(v),
-                                jnp.asarray(cap), jnp.asarray(alpha), jnp.asarray(scale))
+            # NumPy arguments go straight to the compiled call (an eager jnp.asarray each
+            # would cost about as much as the call itself, every event round)
+            out = state.propose(key_data, x, v, cap, alpha, scale)
             return tuple(np.asarray(a) for a in out)
 
     def client_gradient(self, context, x, alpha):
         """Its gradient at every chain's position (the rate diagnostics of a draw)."""
         state = self._state(context)
         with jax.enable_x64(True):
-            return np.asarray(state.gradient(jnp.asarray(x), jnp.asarray(alpha)))
+            return np.asarray(state.gradient(x, alpha))
 
 
 class RemoteWorkers:

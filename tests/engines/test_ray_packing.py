@@ -178,3 +178,37 @@ def test_call_each_sends_one_actor_call_per_actor_and_keeps_failures_per_client(
         assert transport.placement() == {"ray_actors": [[0, 1, 2], [3]]}
     finally:
         transport.close()
+
+
+def test_wait_every_returns_once_every_reply_is_in_or_at_the_timeout(local_ray):
+    """RayTransport.wait_every (the broadcast rounds' one wait for all replies): a crashed
+    client's call counts as ready (reading it raises ClientFailure), and at the timeout the
+    replies in hand come back as ready, the missing one as not ready."""
+    import time
+
+    from fedmcmc.engines.comm import ClientEndpoint, ClientFailure
+    from fedmcmc.engines.ray_engine import RayTransport
+
+    class Napping(ClientEndpoint):  # local class: Ray ships it by value
+        def nap(self, seconds):
+            time.sleep(seconds)
+            return self.index
+
+        def crash(self):
+            os._exit(1)
+
+    source = functools.partial(np.zeros, (2, 1), np.float32)
+    transport = RayTransport([(Napping, (s, source)) for s in range(3)])
+    try:
+        pendings = [transport.call(0, "nap", 0.0), transport.call(1, "nap", 0.5),
+                    transport.call(2, "crash")]
+        ready, waiting = transport.wait_every(pendings, timeout=TIMEOUT)
+        assert sorted(p.client for p in ready) == [0, 1, 2] and waiting == []
+        assert [transport.result(p) for p in pendings[:2]] == [0, 1]
+        with pytest.raises(ClientFailure):
+            transport.result(pendings[2])
+        late = [transport.call(0, "nap", 0.0), transport.call(1, "nap", 60.0)]
+        ready, waiting = transport.wait_every(late, timeout=2.0)
+        assert [p.client for p in ready] == [0] and [p.client for p in waiting] == [1]
+    finally:
+        transport.close()
