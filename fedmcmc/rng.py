@@ -15,6 +15,8 @@ engine, are those of ``jax.random``.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,16 +31,33 @@ def _threefry2x32(k1, k2, x1, x2):
     """The threefry-2x32 hash (20 rounds) of ``jax.random``'s ``threefry2x32_p``, unrolled.
 
     ``k1, k2``: the key words (broadcastable against the counters ``x1, x2``, uint32).
+    Written with ``jax.lax`` operations on operands broadcast once: the operators of
+    ``jax.numpy`` arrays each go through a jitted wrapper (type promotion, broadcasting),
+    which under the samplers' nested ``vmap`` made tracing these ~130 operations a
+    noticeable part of a warm start (``benchmarks/bench_startup.py``).
     """
-    ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
-    x1 = x1 + ks[0]
-    x2 = x2 + ks[1]
+    shape = jax.lax.broadcast_shapes(np.shape(k1), np.shape(k2), np.shape(x1), np.shape(x2))
+
+    def full(word):
+        word = jnp.asarray(word, jnp.uint32)
+        if word.shape == shape:
+            return word
+        return jax.lax.broadcast_in_dim(word, shape, tuple(range(len(shape) - word.ndim,
+                                                                 len(shape))))
+
+    k1, k2, x1, x2 = full(k1), full(k2), full(x1), full(x2)
+    add, xor = jax.lax.add, jax.lax.bitwise_xor
+    ks = (k1, k2, xor(xor(k1, k2), np.uint32(0x1BD11BDA)))
+    x1 = add(x1, ks[0])
+    x2 = add(x2, ks[1])
     for block in range(5):
         for r in _ROTATIONS[block % 2]:
-            x1 = x1 + x2
-            x2 = ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r))) ^ x1
-        x1 = x1 + ks[(block + 1) % 3]
-        x2 = x2 + ks[(block + 2) % 3] + np.uint32(block + 1)
+            x1 = add(x1, x2)
+            rotated = jax.lax.bitwise_or(jax.lax.shift_left(x2, np.uint32(r)),
+                                         jax.lax.shift_right_logical(x2, np.uint32(32 - r)))
+            x2 = xor(rotated, x1)
+        x1 = add(x1, ks[(block + 1) % 3])
+        x2 = add(add(x2, ks[(block + 2) % 3]), np.uint32(block + 1))
     return x1, x2
 
 
@@ -65,6 +84,7 @@ def is_unrolled(key) -> bool:
     )
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def _hash_iota(key, shape):
     """``threefry2x32(key, iota_2x32_shape(shape))``: the two output words, each of ``shape``.
 
