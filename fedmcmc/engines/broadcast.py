@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..protocols import client_context, client_function
+from ..rng import fold_in
 from .comm import ClientEndpoint, ClientFailure, Transport, collect
 
 __all__ = ["BroadcastClient", "BroadcastDraw"]
@@ -97,7 +98,7 @@ class BroadcastDraw:
         M = int(num_workers)
 
         def prepare(draw_key, i, st, t_next):
-            worker_keys, _ = p.event_keys(jax.random.fold_in(draw_key, i))
+            worker_keys, _ = p.event_keys(fold_in(draw_key, i))
             return jax.random.key_data(worker_keys), p.event_cap(st, t_next)
 
         def begin(st):
@@ -105,7 +106,7 @@ class BroadcastDraw:
             return st, t_next, counting, events_before, st.t < t_next
 
         def apply(draw_key, i, st, res, t_next, counting, active):
-            new = p.apply_proposals(jax.random.fold_in(draw_key, i), st, res, t_next, counting)
+            new = p.apply_proposals(fold_in(draw_key, i), st, res, t_next, counting)
             new = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new, st)
             return new, new.t < t_next
 

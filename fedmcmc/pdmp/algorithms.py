@@ -497,11 +497,11 @@ class _FedPDMP(Algorithm):
                                                           with_protocol=True)
 
         def initial_states(key, theta0):
-            k_init, k_jit, k_run = jax.random.split(key, 3)
+            k_init, k_jit, k_run = rng.split_key(key, 3)
             starts = jnp.broadcast_to(theta0, (chains, d))
             if init_jitter > 0:
                 starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
-            return jax.vmap(init_fn)(jax.random.split(k_init, chains), starts), k_run
+            return jax.vmap(init_fn)(rng.split_key(k_init, chains), starts), k_run
 
         # one compiled program (the keys, the starts and the states), not op by op: in a new
         # process each eager op compiles (or loads) a program of its own

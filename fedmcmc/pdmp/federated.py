@@ -31,7 +31,7 @@ import numpy as np
 
 from ..arrays import device_array
 from .events import affine_first_time
-from ..rng import exponential64, split_key, uniform64
+from ..rng import exponential64, fold_in, split_key, uniform64
 
 __all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "WorkerProposal",
            "ThinningCarry", "build"]
@@ -345,7 +345,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         return s
 
     def init(key, x0) -> FedState:
-        kv, kr, kd = jax.random.split(key, 3)
+        kv, kr, kd = split_key(key, 3)
         x0 = jnp.asarray(x0, jnp.float64)
         v0 = spec.init_velocity(kv, d, ref).astype(jnp.float64)
         K = max(cfg.skeleton_size, 1)
@@ -517,7 +517,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
 
         def body(carry):
             s, i = carry
-            return event_step(jax.random.fold_in(key, i), s, t_next, counting), i + 1
+            return event_step(fold_in(key, i), s, t_next, counting), i + 1
 
         st, _ = jax.lax.while_loop(cond, body, batched_like(st.t, (st, jnp.int32(0))))
         rate_values = rates(st.x, st.v, st.alpha) if cfg.rate_diagnostics else None

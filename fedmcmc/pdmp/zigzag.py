@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..rng import uniform64
 from .dynamics import linear_flow, linear_integrals
 from .single import build_single_kernel
 
@@ -28,7 +29,8 @@ class ZigZagSpec:
 
     @staticmethod
     def init_velocity(key, d, ref):
-        return jnp.where(jax.random.bernoulli(key, 0.5, (d,)), 1.0, -1.0)
+        # jax.random.bernoulli(key, 0.5, (d,)) bit for bit (float64 uniforms under x64)
+        return jnp.where(uniform64(key, (d,)) < 0.5, 1.0, -1.0)
 
     @staticmethod
     def flow(x, v, t, ref):
