@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .callsite import user_stacklevel
 from .federation import Federation
 from .minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from .model import FlatModel
@@ -456,7 +457,7 @@ def _warn_if_unmixed(median_ess: np.ndarray, draws: int) -> None:
             f"{', ...' if poor.size > 5 else ''}); their fitted precisions then measure the "
             "chain's length rather than the likelihood. Raise surrogate_draws or "
             "surrogate_step_size, or use surrogate='laplace'.",
-            SurrogateMixingWarning, stacklevel=3)
+            SurrogateMixingWarning, stacklevel=user_stacklevel())
 
 
 def fit_surrogates(

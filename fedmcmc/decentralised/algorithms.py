@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 
+from ..callsite import user_stacklevel
 from ..algorithm import Algorithm, check_optional, check_positive_float, check_positive_int
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import default_chunk_size, run_chains
@@ -272,9 +273,8 @@ class _Decentralised(Algorithm):
         settings = self.settings(model, federation, init, topo,
                                  setup=False if engine == "ray" and federation.is_deferred
                                  else None)
-        problems = graph_module.check_condition_1(
-            topo, settings.beta, settings.gamma, self.condition, stacklevel=4
-        )
+        problems = graph_module.check_condition_1(topo, settings.beta, settings.gamma,
+                                                  self.condition)
         if engine == "ray":
             resolved = self._resolved(settings)
             result, run = sample_decentralised(
@@ -519,7 +519,7 @@ def _warn_if_biased(name: str, estimate: dict, tolerance: float, auto: bool) -> 
             "stationarity (raise burn_in) or the agents' spread around their average biases "
             "it: " + ("lower tolerance" if auto else "use step_size='auto' or a smaller "
                       "step_size") + ", or use a better connected graph",
-            NetworkBiasWarning, stacklevel=4)
+            NetworkBiasWarning, stacklevel=user_stacklevel())
 
 
 _COMMON_DOC = """

@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 
+from ..callsite import user_stacklevel
+
 __all__ = [
     "GRAPH_NAMES",
     "Topology",
@@ -321,7 +323,7 @@ def check_condition_1(
     beta: float,
     gamma: Optional[float] = None,
     on_violation: str = "warn",
-    stacklevel: int = 2,
+    stacklevel: Optional[int] = None,
 ) -> list:
     """Check the graph parts of Condition 1: beta <= min(1, n / lambda_n), gamma <= min(beta, 1 / lambda_2).
 
@@ -381,5 +383,7 @@ def check_condition_1(
         )
         if on_violation == "raise":
             raise ValueError(message)
+        if stacklevel is None:
+            stacklevel = user_stacklevel()
         warnings.warn(message, ConditionWarning, stacklevel=stacklevel)
     return problems

@@ -46,6 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..callsite import user_stacklevel
+
 __all__ = [
     "FULL_MOMENTS_MAX_DIM",
     "DEFAULT_TOLERANCE",
@@ -365,7 +367,7 @@ def resolve_step_size(step_size, tolerance, precision, covariance, name: str, in
             f"{name}: step_size={step_size:g} makes minibatch noise {choice.minibatch_noise_ratio:.3g}x "
             f"the injected noise (posterior variances inflated about that much); "
             f"step_size={better:.3g} brings the ratio to {tolerance:g}, or pass step_size='auto'",
-            StepSizeWarning, stacklevel=4)
+            StepSizeWarning, stacklevel=user_stacklevel())
     if choice.discretisation_ratio >= 1:
         # (h/4) lambda_max(P) >= 1: h lambda_max >= 4, past the stability limit of the
         # discretised dynamics along the stiffest direction; no safeguard on the conducive
@@ -377,5 +379,5 @@ def resolve_step_size(step_size, tolerance, precision, covariance, name: str, in
             f"the stability limit h < 4 / lambda_max = {stable:.3g}, the chain will likely "
             f"diverge; pass "
             f"step_size='auto' or a step below {stable:.3g}",
-            StepSizeWarning, stacklevel=4)
+            StepSizeWarning, stacklevel=user_stacklevel())
     return step_size

@@ -123,9 +123,22 @@ def test_sgld_surrogate_warns_when_its_local_chains_did_not_mix():
         warnings.simplefilter("error", SurrogateMixingWarning)
         fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=2, surrogate="sgld").fit_surrogates(
             gaussian_model(), fed, jnp.zeros(2))  # h K curvature = 600: mixed
-    with pytest.warns(SurrogateMixingWarning, match="mixed poorly"):
+    with pytest.warns(SurrogateMixingWarning, match="mixed poorly") as caught:
         fm.FSGLD(step_size=1e-5, batch_size=10, local_steps=2, surrogate="sgld").fit_surrogates(
             gaussian_model(), fed, jnp.zeros(2))  # h K curvature = 6: a few relaxation times
+    # the warning points at the caller's line, not inside fedmcmc (fedmcmc.callsite)
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_warnings_from_inside_sample_point_at_the_callers_line():
+    """A warning raised deep in fm.sample (here the step-size check of the set-up) is reported
+    at the line that called fm.sample, so a user's filters and tracebacks name their code."""
+    from fedmcmc.langevin.step_size import StepSizeWarning
+
+    with pytest.warns(StepSizeWarning, match="minibatch noise") as caught:
+        run(fm.FSGLD(step_size=0.005, batch_size=2, local_steps=5), num_samples=5)
+    assert {w.filename for w in caught if issubclass(w.category, StepSizeWarning)} == {
+        __file__}
 
 
 def test_sgld_surrogate_fit_that_diverges_is_refused_by_name():

@@ -209,9 +209,11 @@ def test_result_layout(algorithm):
     model, fed, init = logistic_problem()
     if algorithm.name == "GTDULA":
         # exponential graph on 6 agents: lambda_2 = 4, so gamma = 0.3 > 1/lambda_2 breaks Condition 1
-        with pytest.warns(graphs.ConditionWarning, match=r"min\(beta, 1/lambda_2\) = min\(0.3, 1/4\)"):
+        with pytest.warns(graphs.ConditionWarning, match=r"min\(beta, 1/lambda_2\) = min\(0.3, 1/4\)") as caught:
             result = fm.sample(model, fed, algorithm, init=init, num_samples=30, burn_in=5,
                                thin=3, chains=2, seed=0)
+        # reported at this line (the caller of fm.sample), not inside fedmcmc
+        assert {w.filename for w in caught if w.category is graphs.ConditionWarning} == {__file__}
         assert result.info["condition_1"]
     else:
         result = fm.sample(model, fed, algorithm, init=init, num_samples=30, burn_in=5, thin=3,
