@@ -30,10 +30,20 @@ trusted: do not point it at a directory other users can write.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import pickle
 import tempfile
+import time
 import warnings
 from pathlib import Path
+from typing import Any, Iterator
+
+try:  # POSIX; elsewhere first_on_node does not wait
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache as _jax_cache
@@ -46,7 +56,12 @@ __all__ = [
     "disable",
     "clear",
     "configure_default",
+    "first_on_node",
+    "FIRST_ON_NODE_FOLDER",
 ]
+
+#: folder of :func:`first_on_node`'s lock and marker files, inside the cache directory
+FIRST_ON_NODE_FOLDER = "first-on-node"
 
 #: Environment variable that opts out of the cache: ``0``, ``false``, ``no`` or ``off``.
 ENVIRONMENT_SWITCH = "FEDMCMC_COMPILATION_CACHE"
@@ -142,13 +157,19 @@ def disable() -> None:
 def clear(path: str | os.PathLike | None = None) -> int:
     """Delete the cached programs in ``path`` (default :func:`default_directory`).
 
-    Removes only the files JAX's cache writes there (``*-cache`` and ``*-atime``); returns how
-    many entries (``*-cache`` files) were removed. Safe while other processes run: one that
-    wanted a removed entry compiles the program again.
+    Removes only the files JAX's cache writes there (``*-cache`` and ``*-atime``) and
+    :func:`first_on_node`'s markers; returns how many entries (``*-cache`` files) were
+    removed. Safe while other processes run: one that wanted a removed entry compiles the
+    program again.
     """
     target = default_directory() if path is None else Path(path).expanduser()
     if not target.is_dir():
         return 0
+    markers = target / FIRST_ON_NODE_FOLDER
+    if markers.is_dir():
+        for marker in markers.glob("*.done"):
+            with contextlib.suppress(FileNotFoundError):
+                marker.unlink()
     removed = 0
     for entry in target.iterdir():
         if entry.is_file() and entry.name.endswith(_ENTRY_SUFFIXES):
@@ -158,6 +179,96 @@ def clear(path: str | os.PathLike | None = None) -> int:
                 continue
             removed += entry.name.endswith("-cache")
     return removed
+
+
+def _key_digest(key_parts) -> str | None:
+    """A hex digest of ``key_parts`` (pickled; cloudpickle for closures), or None when they
+    cannot be pickled."""
+    try:
+        try:
+            import cloudpickle
+            payload = cloudpickle.dumps(key_parts)
+        except ImportError:  # pragma: no cover - cloudpickle comes with ray
+            payload = pickle.dumps(key_parts)
+    except Exception:  # noqa: BLE001 - an unpicklable part: no key, no waiting
+        return None
+    return hashlib.sha256(payload + jax.__version__.encode()).hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def first_on_node(*key_parts: Any, max_wait: float = 600.0, poll: float = 0.05
+                  ) -> Iterator[bool]:
+    """Let the first process of this machine that enters with ``key_parts`` run alone.
+
+    Processes that start the same work at once (the Ray engine's client actors fitting
+    their surrogates or compiling their visits) would each compile the same programs: with
+    an empty compilation cache none of them finds an entry, and N processes compiling on a
+    few cores take about N times as long. Inside this context the first process (an
+    exclusive ``flock`` on a lock file in the cache directory) runs while the others wait;
+    when it leaves, a marker file records that the work is done (its programs are in the
+    cache), and the waiting processes go on at once and together, reading the programs
+    instead of compiling them. Later runs find the marker and do not wait at all.
+
+    ``key_parts``: what identifies the programs (the message, the protocol or model, the
+    shapes of the rows); pickled and hashed with the JAX version. Yields True in the process
+    that ran first. Does nothing (yields False) with the cache off, without ``fcntl``
+    (Windows), when the key cannot be pickled, or when the cache directory cannot be written.
+    A first process that fails leaves no marker (the next one becomes first); one that takes
+    longer than ``max_wait`` seconds stops the waiting (the others then compile too).
+    """
+    root = directory()
+    digest = None if root is None or fcntl is None else _key_digest(key_parts)
+    if digest is None:
+        yield False
+        return
+    folder = root / FIRST_ON_NODE_FOLDER
+    marker = folder / f"{digest}.done"
+    if marker.exists():
+        yield False
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / f"{digest}.lock", "a+")
+    except OSError:
+        yield False
+        return
+    with handle:
+        waited, deadline = False, time.monotonic() + max_wait
+        locked = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+                break
+            except BlockingIOError:
+                waited = True
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(poll)
+        first = locked and not marker.exists() and not waited
+        if locked and not first:
+            fcntl.flock(handle, fcntl.LOCK_UN)  # the work is done (or the first failed):
+            locked = False                      # go on together with the others
+            if waited and not marker.exists():
+                # the first failed: this one becomes first for the next ones
+                first = _relock(handle)
+                locked = first
+        try:
+            yield first
+            if first:
+                with contextlib.suppress(OSError):
+                    marker.touch()
+        finally:
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _relock(handle) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 def _warn_once(message: str) -> None:

@@ -65,10 +65,14 @@ class BroadcastClient(ClientEndpoint):
                                       num_clients, seed)
 
     def setup(self, name: str, *args):
-        return client_function(self.functions, name)(self.context, *args)
+        function = client_function(self.functions, name)
+        with self.compiling_once(("setup", name), self.functions, self.context.model):
+            return function(self.context, *args)
 
     def configure(self, *args):
-        return client_function(self.functions, "configure")(self.context, *args)
+        function = client_function(self.functions, "configure")
+        with self.compiling_once("configure", self.functions, self.context.model, args):
+            return function(self.context, *args)
 
     def respond(self, *args):
         return client_function(self.functions, "respond")(self.context, *args)

@@ -21,6 +21,7 @@ actors).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -29,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from .. import cache
 from ..federation import ClientDescription, DescribedFederation, Federation, describe_client, load_client
 
 __all__ = [
@@ -270,6 +272,20 @@ class ClientEndpoint:
         self.index = int(index)
         self.data = load_client(source, self.index)
         self.size = int(np.shape(jax.tree_util.tree_leaves(self.data)[0])[0])
+        self._compiled_once: set = set()
+
+    def compiling_once(self, what: Any, *program_parts: Any):
+        """A context for a message that compiles programs (a set-up step, ``configure``):
+        the first client of this machine with the same ``program_parts`` (the protocol, the
+        model, ...) and the same row shapes runs it alone, the others wait and then read its
+        programs from the compilation cache (:func:`fedmcmc.cache.first_on_node`), instead of
+        all compiling the same programs at once. ``what`` names the step; once a step has run
+        here, it runs without looking again."""
+        if what in self._compiled_once:
+            return contextlib.nullcontext(False)
+        self._compiled_once.add(what)
+        layout = describe_client(self.data)
+        return cache.first_on_node(type(self).__name__, what, layout, *program_parts)
 
     def ping(self) -> int:
         return self.index

@@ -89,7 +89,9 @@ class HandoffClient(ClientEndpoint):
 
     def setup(self, name: str, *args):
         """Run the protocol's client-side function ``client_<name>`` on this client's data."""
-        return client_function(self.protocol, name)(self.context, *args)
+        function = client_function(self.protocol, name)
+        with self.compiling_once(("setup", name), self.protocol, self.context.model):
+            return function(self.context, *args)
 
     def configure(self, parameters: Dict[str, Any]) -> int:
         """Set this client's update parameters (sent again after a client is dropped: f_s
@@ -100,13 +102,18 @@ class HandoffClient(ClientEndpoint):
         changed = self._visit is None or structure != getattr(self, "_structure", None)
         self.parameters, self._structure = parameters, structure
         if changed:
-            self._visit = self._build_visit()
-            # compile now, so that a visit's time (and its timeout) does not include compilation
-            carry = self.protocol.init_carry(
-                np.zeros((self.context.flat_model.dim,), self.context.flat_model.dtype))
-            jax.block_until_ready(self._visit(np.int32(0), carry, np.int32(0), self.parameters,
-                                              self.context.data.data))
+            with self.compiling_once(("configure", tuple(sorted(structure.items()))),
+                                     self.protocol, self.context.model, self.spec):
+                self._configure_visit()
         return self.index
+
+    def _configure_visit(self) -> None:
+        self._visit = self._build_visit()
+        # compile now, so that a visit's time (and its timeout) does not include compilation
+        carry = self.protocol.init_carry(
+            np.zeros((self.context.flat_model.dim,), self.context.flat_model.dtype))
+        jax.block_until_ready(self._visit(np.int32(0), carry, np.int32(0), self.parameters,
+                                          self.context.data.data))
 
     def visit(self, chain: int, carry, iteration: int):
         """``local_steps`` updates of ``chain`` from ``carry`` at global iteration ``iteration``.

@@ -179,3 +179,78 @@ def test_default_directory_order(monkeypatch, tmp_path):
     assert fm.cache.default_directory() == tmp_path / "xdg" / "fedmcmc" / "jax"
     monkeypatch.setenv("FEDMCMC_CACHE_DIR", str(tmp_path / "mine"))
     assert fm.cache.default_directory() == tmp_path / "mine" / "jax"
+
+
+FIRST_ON_NODE = r"""
+import json, sys, time
+import fedmcmc as fm
+started = time.time()
+try:
+    with fm.cache.first_on_node("compile", "the same programs") as first:
+        entered = time.time()
+        if sys.argv[1] != "ok" and first:
+            try:  # the first process to be first fails (once)
+                open(sys.argv[1], "x").close()
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError("the first process fails")
+        time.sleep(1.0 if first else 0.3)
+        left = time.time()
+except RuntimeError:
+    print(json.dumps({"failed": True}))
+else:
+    print(json.dumps({"first": first, "started": started, "entered": entered, "left": left}))
+"""
+
+
+def _first_on_node_processes(tmp_path, count, behaviour="ok"):
+    env = dict(os.environ, FEDMCMC_CACHE_DIR=str(tmp_path), FEDMCMC_COMPILATION_CACHE="1")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    processes = [subprocess.Popen([sys.executable, "-c", FIRST_ON_NODE, behaviour], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(count)]
+    outputs = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-2000:]
+        outputs.append(json.loads(out.strip().splitlines()[-1]))
+    return outputs
+
+
+def test_first_on_node_lets_one_process_compile_while_the_others_wait(tmp_path):
+    """Processes that start the same compiling work at once (Ray client actors on one node):
+    one runs first and alone, the others enter only when it has left, then together; a later
+    process finds the marker and does not wait; a first process that fails leaves no marker
+    and another becomes first."""
+    runs = _first_on_node_processes(tmp_path, 3)
+    firsts = [run for run in runs if run["first"]]
+    others = [run for run in runs if not run["first"]]
+    assert len(firsts) == 1 and len(others) == 2
+    (first,) = firsts
+    for other in others:
+        if other["started"] < first["left"]:  # it started while the first was running
+            assert other["entered"] >= first["left"] - 0.05
+    # the waiting ones went on together, not one after the other
+    assert abs(others[0]["entered"] - others[1]["entered"]) < 0.25
+    markers = list((tmp_path / "jax" / fm.cache.FIRST_ON_NODE_FOLDER).glob("*.done"))
+    assert len(markers) == 1
+    (late,) = _first_on_node_processes(tmp_path, 1)
+    assert late["first"] is False and late["entered"] - late["started"] < 0.2
+    # clear() removes the markers with the programs
+    fm.cache.clear(tmp_path / "jax")
+    assert not list((tmp_path / "jax" / fm.cache.FIRST_ON_NODE_FOLDER).glob("*.done"))
+
+    failing = _first_on_node_processes(tmp_path / "failing", 3,
+                                       behaviour=str(tmp_path / "failed-once"))
+    assert sum(run.get("failed", False) for run in failing) == 1
+    # the others ran; the one that took over after the failure (if any) is first, once
+    assert sum(run.get("first", False) for run in failing) <= 1
+    assert all(run.get("failed") or "entered" in run for run in failing)
+
+
+def test_first_on_node_does_nothing_with_the_cache_off(tmp_path, restore_cache_settings):
+    fm.cache.disable()
+    with fm.cache.first_on_node("anything") as first:
+        assert first is False
+    assert not (tmp_path / fm.cache.FIRST_ON_NODE_FOLDER).exists()
