@@ -11,7 +11,9 @@ directory::
 and caches every compiled program, however quick it was to compile (JAX's own default keeps
 only programs that took a second or more, which leaves out the many small programs a sampler's
 set-up compiles). Every process on a machine shares the directory: the Ray engine's client
-actors import fedmcmc, so actors of the same shapes compile once per node, not once per actor.
+actors import fedmcmc, so actors of the same shapes compile once per node, not once per actor
+(actors that start at once take turns through :func:`first_on_node`: the first compiles, the
+others then read its programs).
 
 The cache is left alone when the user configured JAX's (``JAX_COMPILATION_CACHE_DIR``,
 ``jax.config.update("jax_compilation_cache_dir", ...)`` before ``import fedmcmc``, or
