@@ -316,6 +316,9 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
                                                   np.ones((1, d), coords_host.dtype)]))
     refresh_total = spec.refresh_total_rate(cfg.refresh_rate, d)
 
+    # jitted: its trace (the user's likelihood gradient) is made once and shared by every
+    # call site (each worker's thinning loop, its first anchor, the rate diagnostics)
+    @jax.jit
     def data_worker_grad(x, data_m, mask_m, g_ref_m, w_m, alpha_m):
         g = cfg.data_grad(x, data_m, mask_m) + alpha_m * cfg.prior_grad(x)
         if cfg.control_variates:
