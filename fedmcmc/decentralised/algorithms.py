@@ -37,6 +37,7 @@ import networkx as nx
 import numpy as np
 
 from ..callsite import user_stacklevel
+from .. import rng
 from ..algorithm import Algorithm, check_optional, check_positive_float, check_positive_int
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import default_chunk_size, run_chains
@@ -310,12 +311,16 @@ class _Decentralised(Algorithm):
         step = self._kernel(local_gradient, mix, schedule, n, beta, gamma)
 
         theta0 = flat_model.ravel(init)
-        positions = jnp.broadcast_to(theta0, (n, dim))
-        key = jax.random.key(seed)
-        init_keys = jax.random.split(jax.random.fold_in(key, 2**20), chains)
-        states = jax.jit(jax.vmap(lambda k: self._init_state(k, positions, local_gradient)))(
-            init_keys
-        )
+
+        def initial_states(key, theta0):
+            positions = jnp.broadcast_to(theta0, (n, dim))
+            init_keys = jax.random.split(jax.random.fold_in(key, 2**20), chains)
+            return jax.vmap(lambda k: self._init_state(k, positions, local_gradient))(init_keys)
+
+        # the keys and the states in one compiled program: eager key operations and
+        # broadcasts each compile (or load) a small program of their own in a new process
+        key = rng.seed_key(seed)
+        states = jax.jit(initial_states)(key, theta0)
         states, start_draw = resume_from(run_options, states)
         # A chunk length that divides the run (one compiled program) unless the caller sets one.
         chunk_size = run_options.pop("chunk_size", None) or _chunk_size(burn_in + num_samples)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 
+from ..arrays import device_array
 from ..callsite import user_stacklevel
 
 __all__ = [
@@ -240,7 +241,7 @@ class Topology:
         """``(x, coefficient) -> x - coefficient * (L x)`` for ``x`` of shape (n, d): W x."""
         dense = self.use_dense() if dense is None else dense
         if dense:
-            lap = jnp.asarray(self.laplacian, dtype=jnp.float32)
+            lap = device_array(self.laplacian, np.float32)
 
             def mix(x, coefficient):
                 return x - coefficient * (lap @ x)

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from ..federation import PaddedData
 from ..minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
@@ -107,8 +108,8 @@ def full_gradient_fn(flat_model: FlatModel, padded: PaddedData) -> Callable:
     if padding > RAGGED_ABOVE_PADDING:
         agent_of_row, row_in_agent = np.nonzero(mask)  # sorted by agent
         rows = jax.tree_util.tree_map(
-            lambda leaf: jnp.asarray(np.asarray(leaf)[agent_of_row, row_in_agent]), padded.data)
-        agent_index = jnp.asarray(agent_of_row, jnp.int32)
+            lambda leaf: device_array(np.asarray(leaf)[agent_of_row, row_in_agent]), padded.data)
+        agent_index = device_array(agent_of_row, np.int32)
 
         def total_log_likelihood(positions):
             per_row = jax.vmap(flat_model.log_likelihood)(positions[agent_index], rows)

@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from ..federation import PaddedData
 from ..model import Model
 from . import diagnostics
@@ -115,9 +116,11 @@ class AutoSettings(NamedTuple):
 
 # --------------------------------------------------------------- agents' replies
 def _float64(tree):
+    """Floating leaves as float64 device arrays (call under ``jax.enable_x64``), converted on
+    the host: an eager conversion compiles a small program per shape in a new process."""
     def convert(leaf):
-        leaf = jnp.asarray(leaf)
-        return leaf.astype(jnp.float64) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
+        leaf = np.asarray(leaf)
+        return device_array(leaf, np.float64 if np.issubdtype(leaf.dtype, np.floating) else None)
 
     return jax.tree_util.tree_map(convert, tree)
 
@@ -140,8 +143,8 @@ def local_terms_fn(model: Model, init: Any, padded: PaddedData, batch_size: Opti
     with jax.enable_x64(True):
         flat_model = model.flatten(_float64(init))
         data = _float64(padded.data)
-        mask = jnp.asarray(padded.mask, jnp.float64)
-        sizes = jnp.asarray(padded.sizes, jnp.float64)
+        mask = device_array(padded.mask, np.float64)
+        sizes = device_array(padded.sizes, np.float64)
     n = int(padded.mask.shape[0])
 
     def energy(theta, agent_data, agent_mask):
