@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["seed_key", "split_key", "fold_in", "uniform", "normal", "uniform64", "exponential64",
+__all__ = ["seed_key", "split_key", "fold_in", "fold_in_compiled", "uniform", "normal", "uniform64", "exponential64",
            "is_unrolled"]
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -186,6 +186,14 @@ def fold_in(key, data):
     low = jnp.asarray(data).astype(jnp.uint32)
     b1, b2 = _threefry2x32(words[..., 0], words[..., 1], jnp.zeros_like(low), low)
     return jax.random.wrap_key_data(jnp.stack([b1, b2], axis=-1), impl="threefry2x32")
+
+
+@jax.jit
+def fold_in_compiled(key, data):
+    """``jax.random.fold_in(key, data)`` as one compiled program shared by every call site: for
+    set-up code outside any trace, where an eager ``fold_in`` compiles (or loads) small
+    programs of its own in a new process (its conversion of ``data`` included)."""
+    return jax.random.fold_in(key, data)
 
 
 def numpy_generator(seed) -> np.random.Generator:

@@ -446,7 +446,7 @@ class DSGLD(_LangevinAlgorithm):
             variates[kind] = variates_of(kind)
             noises[kind] = _client_noise(
                 flat_model, data, federation.num_clients, self.batch_size, center, precision,
-                jax.random.fold_in(key, step_size_module.NOISE_STREAM), variates[kind],
+                rng.fold_in_compiled(key, step_size_module.NOISE_STREAM), variates[kind],
                 conducive)
         kind, client_weights, step_size = step_size_module.choose_settings(
             noises, np.asarray(precision), np.asarray(weights, np.float64),

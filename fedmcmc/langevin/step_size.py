@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import rng
 from ..callsite import user_stacklevel
 
 __all__ = [
@@ -268,7 +269,7 @@ def noise_points(center, precision, key):
     measures with ``fold_in(key, s)``)."""
     center = jnp.asarray(center)
     return laplace_points(center, jnp.asarray(precision, center.dtype),
-                          jax.random.fold_in(key, 2**16), NOISE_POINTS_PER_CLIENT)
+                          rng.fold_in_compiled(key, 2**16), NOISE_POINTS_PER_CLIENT)
 
 
 def check_selection(selection: Optional[str], weights_given: bool) -> None:
