@@ -269,7 +269,7 @@ class SGLD(_LangevinAlgorithm):
     def _auto(self, flat_model, federation, data, theta0, seed, info) -> float:
         """``step_size="auto"`` (``step_size.py``): the posterior's curvature from per-client
         Laplace fits, the noise of the pooled-data estimator at their mode."""
-        key = jax.random.fold_in(jax.random.key(seed), 2**20 + 1)
+        key = rng.fold_in_compiled(rng.seed_key(seed), 2**20 + 1)
         laplace = surrogate_module.fit_surrogates("laplace", flat_model, federation, theta0, key)
         center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
         pooled = ConcatenatedData(data=data.data, offsets=data.offsets[:1],
@@ -278,7 +278,7 @@ class SGLD(_LangevinAlgorithm):
         # the pooled estimator's noise: one "client" holding every row (the prior's
         # gradient, common to all draws, does not change it)
         noise = _client_noise(flat_model, pooled, 1, self.batch_size, center, precision,
-                              jax.random.fold_in(key, 7))
+                              rng.fold_in_compiled(key, 7))
         covariance = step_size_module.noise_covariance([1.0], noise.within, noise.means)
         return step_size_module.resolve_step_size(
             "auto", self.step_size_tolerance, np.asarray(precision), covariance, self.name, info)

@@ -178,9 +178,9 @@ class DSGLDProtocol(HandoffProtocol):
                 anchor_gradients=jnp.asarray(self._anchor_gradient(context, anchor))[None])
         if conducive is not None:
             conducive = tuple(jnp.asarray(value) for value in conducive)
-        key = jax.random.fold_in(jax.random.fold_in(setup_key(context.seed),
-                                                    step_size_module.NOISE_STREAM),
-                                 context.index)
+        key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed),
+                                                        step_size_module.NOISE_STREAM),
+                                   context.index)
         full = flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
         batch_size = self.batch_size
 
@@ -208,7 +208,7 @@ class DSGLDProtocol(HandoffProtocol):
         step_size_module.check_selection(setup.client_selection, server.weights_given)
         kinds = step_size_module.candidate_variates(setup.control_variates,
                                                     isinstance(self.step_size, str))
-        key = jax.random.fold_in(setup_key(server.seed), step_size_module.NOISE_STREAM)
+        key = rng.fold_in_compiled(setup_key(server.seed), step_size_module.NOISE_STREAM)
         center_array = np.asarray(center)
         points = np.asarray(step_size_module.noise_points(center, precision, key))
         client_modes = modes() if "client" in kinds else None
@@ -349,7 +349,8 @@ class FSGLDProtocol(DSGLDProtocol):
         ``radius_probes_per_client`` of its own minibatches (``estimators.estimator_moments``),
         with the key the in-process engine uses for this client."""
         precision, shift = context.store["surrogate"]
-        key = jax.random.fold_in(jax.random.fold_in(setup_key(context.seed), 7), context.index)
+        key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed), 7),
+                                   context.index)
         flat_model, data = context.flat_model, context.data
         probes, batch_size, alpha = self.radius_probes_per_client, self.batch_size, self.alpha
 
