@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["seed_key", "split_key", "fold_in", "fold_in_compiled", "uniform", "normal", "uniform64", "exponential64",
-           "is_unrolled"]
+__all__ = ["seed_key", "split_key", "fold_in", "fold_in_compiled", "uniform", "normal",
+           "uniform64", "exponential64", "is_unrolled"]
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
@@ -163,17 +163,27 @@ def _unit_floats64(key, shape):
     return jax.lax.bitcast_convert_type(float_bits, jnp.float64) - one
 
 
+def _float64_or_narrower():
+    """float64, or the float JAX gives for it with 64-bit mode off (float32): then the
+    64-bit draws below are ``jax.random``'s own at that width (no 64-bit hash words)."""
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
 def uniform64(key, shape=()):
-    """``jax.random.uniform(key, shape, dtype=float64)``, bit for bit."""
-    if not is_unrolled(key):
-        return jax.random.uniform(key, shape, dtype=jnp.float64)
+    """``jax.random.uniform(key, shape, dtype=float64)``, bit for bit (float32 with 64-bit
+    mode off, as ``jax.random`` gives it)."""
+    dtype = _float64_or_narrower()
+    if not is_unrolled(key) or dtype != jnp.float64:
+        return jax.random.uniform(key, shape, dtype=dtype)
     return jax.lax.max(np.float64(0.0), _unit_floats64(key, tuple(shape)))
 
 
 def exponential64(key, shape=()):
-    """``jax.random.exponential(key, shape, dtype=float64)``, bit for bit: ``-log1p(-u)``."""
-    if not is_unrolled(key):
-        return jax.random.exponential(key, shape, dtype=jnp.float64)
+    """``jax.random.exponential(key, shape, dtype=float64)``, bit for bit: ``-log1p(-u)``
+    (float32 with 64-bit mode off, as ``jax.random`` gives it)."""
+    dtype = _float64_or_narrower()
+    if not is_unrolled(key) or dtype != jnp.float64:
+        return jax.random.exponential(key, shape, dtype=dtype)
     return -jnp.log1p(-uniform64(key, shape))
 
 

@@ -54,12 +54,7 @@ __all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "setup_key"]
 def setup_key(seed: int):
     """The root of every set-up stream of a run (surrogate fits, noise statistics, trust
     radius moments): ``fold_in(key(seed), 2**20)``, the same on every engine."""
-    return _setup_fold(rng.seed_key(seed))
-
-
-@jax.jit  # compiled: an eager fold_in compiles small programs of its own in a new process
-def _setup_fold(key):
-    return jax.random.fold_in(key, 2**20)
+    return rng.fold_in_compiled(rng.seed_key(seed), 2**20)
 
 
 class ClientSetup(NamedTuple):

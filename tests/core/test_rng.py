@@ -92,3 +92,20 @@ def test_langevin_step_noise_is_jax_randoms():
 
     for a, b in zip(ours, jax.jit(jax.vmap(theirs))(keys)):
         assert same(a, b)
+
+
+def test_64_bit_draws_outside_64_bit_mode_are_jax_randoms_at_float32():
+    """With 64-bit mode off, uniform64/exponential64 are jax.random's draws at the width JAX
+    gives (float32), and the Zig-Zag's initial velocity is still bernoulli(0.5)'s: the
+    64-bit hash words would be truncated there (every velocity came out +1)."""
+    from fedmcmc.pdmp.zigzag import ZigZagSpec
+
+    assert not jax.config.jax_enable_x64
+    key = jax.random.key(3)
+    assert same(rng.uniform64(key, (7,)), jax.random.uniform(key, (7,)))
+    assert same(rng.exponential64(key, (7,)), jax.random.exponential(key, (7,)))
+    velocity = ZigZagSpec.init_velocity(key, 64, None)
+    assert same(velocity, jnp.where(jax.random.bernoulli(key, 0.5, (64,)), 1.0, -1.0))
+    assert set(np.asarray(velocity).tolist()) == {-1.0, 1.0}
+    with jax.enable_x64(True):  # and in 64-bit mode, jax.random's float64 draws
+        assert same(rng.uniform64(key, (7,)), jax.random.uniform(key, (7,), jnp.float64))
