@@ -34,7 +34,7 @@ from .events import affine_first_time
 from ..rng import exponential64, fold_in, split_key, uniform64
 
 __all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "WorkerProposal",
-           "ThinningCarry", "build"]
+           "ThinningCarry", "first_events", "build"]
 
 PyTree = Any
 EXCESS = 1
@@ -132,6 +132,7 @@ class FedProtocol(NamedTuple):
     ``t < t_next``, and ``draw_end``."""
 
     propose: Callable
+    propose_all: Callable  # all workers of a chain side by side (the in-process step 1)
     worker_gradient: Callable
     event_keys: Callable
     event_cap: Callable
@@ -196,56 +197,90 @@ def _exp_time(key, rate):
     return jnp.where(rate > 0, e / jnp.where(rate > 0, rate, 1.0), jnp.inf)
 
 
-def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coords, rho,
-                        scale, slope_fn):
-    """Algorithm 3 for one worker: its first event time tau_m before ``cap`` (or inf).
+def _exact_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, grad_args, q, l, lw, coords,
+                       rho, scale):
+    """F.1 for one proposer of a quadratic potential: its rate is exactly ``(a + b t)_+``
+    along the flow, so its first event time is the inverse of the integrated rate (no
+    thinning). Returns its :class:`WorkerProposal`."""
+    spec, ref = cfg.spec, cfg.reference
+    C = spec.channels(cfg.dim)
+    grad = lambda y: grad_fn(y, *grad_args)  # noqa: E731
+    g0 = grad(x0)
+    hv = jax.jvp(grad, (x0,), (v0,))[1]
+    a0, b0 = spec.anchor(x0, v0, g0, hv, q, l, lw, coords, ref, True)
+    k1, k2 = split_key(key)
+    tc = affine_first_time(a0, b0, exponential64(k1, (C,)))
+    ch = jnp.argmin(tc)
+    tau = tc[ch]
+    kind = jnp.int32(0)
+    if cfg.has_excess:
+        te = _exp_time(k2, rho)
+        kind = jnp.where(te < tau, EXCESS, 0).astype(jnp.int32)
+        tau = jnp.minimum(tau, te)
+    tau = jnp.where(tau < cap, tau, jnp.inf)
+    g_event = g0 + jnp.where(jnp.isfinite(tau), tau, 0.0) * hv  # exact: the gradient is affine
+    one, zero_i = jnp.int32(1), jnp.int32(0)
+    return WorkerProposal(tau, kind, ch.astype(jnp.int32), g_event, scale, one, zero_i,
+                          zero_i, jnp.array(False))
 
-    Returns a :class:`WorkerProposal`.
+
+def _select_lanes(active, new, old):
+    """``new`` on the lanes (leading axis) where ``active``, ``old`` elsewhere; key arrays too."""
+    def leaf(n, o):
+        return jax.lax.select(jnp.broadcast_to(active.reshape(active.shape + (1,) * (n.ndim - 1)),
+                                               n.shape), n, o)
+    return jax.tree_util.tree_map(leaf, new, old)
+
+
+def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw, coords, rho,
+                 scale, slope_fn=None, stop_at_earliest=False) -> WorkerProposal:
+    """Algorithm 3 for L proposers at once: each one's first event time before ``cap`` (or
+    inf), by Poisson thinning of its own rates against affine bounds (Appendix A).
+
+    ``keys``, every leaf of ``grad_args`` and ``q, l, lw, coords, rho, scale`` have a leading
+    axis of L proposers; ``x0, v0, cap`` are shared. Proposer i's gradient is
+    ``grad_fn(x, *grad_args_i)`` and its extra bound slope ``slope_fn(x, v, *grad_args_i)``.
+    Returns a :class:`WorkerProposal` with that leading axis.
+
+    The proposers search in one loop, one thinning proposal each per pass (a proposer whose
+    search has ended waits). With ``stop_at_earliest`` a proposer also stops once its search
+    has passed the earliest event time another one has accepted: the server takes the
+    earliest proposal, so a later one cannot win -- the same argument as the server's cap
+    (the first event of a thinned process is not earlier than its first candidate), applied
+    within the round. Only the in-process engine, where all workers of a chain search side
+    by side, can use it; the winner (its time, channel and gradient) is the same either way,
+    only the losers' searches are shorter.
     """
     spec, ref = cfg.spec, cfg.reference
     C = spec.channels(cfg.dim)
-
-    def anchor(xs, vs, gs, sc):
-        hv = jax.jvp(grad_fn, (xs,), (vs,))[1] if cfg.exact else None
-        a, b = spec.anchor(xs, vs, gs, hv, q, l, lw, coords, ref, cfg.exact)
-        if slope_fn is not None:
-            b = b + slope_fn(xs, vs) * coords
-        if not cfg.exact:
-            b = b * sc
-        return a, b
-
-    g0 = grad_fn(x0)
+    lanes = (keys, grad_args, q, l, lw, coords, rho, scale)
     if cfg.exact:
-        # Quadratic potential: the rate is exactly (a + b t)_+ (F.1) -- invert, no thinning.
-        hv = jax.jvp(grad_fn, (x0,), (v0,))[1]
-        a0, b0 = spec.anchor(x0, v0, g0, hv, q, l, lw, coords, ref, True)
-        k1, k2 = split_key(key)
-        tc = affine_first_time(a0, b0, exponential64(k1, (C,)))
-        ch = jnp.argmin(tc)
-        tau = tc[ch]
-        kind = jnp.int32(0)
-        if cfg.has_excess:
-            te = _exp_time(k2, rho)
-            kind = jnp.where(te < tau, EXCESS, 0).astype(jnp.int32)
-            tau = jnp.minimum(tau, te)
-        tau = jnp.where(tau < cap, tau, jnp.inf)
-        g_event = g0 + jnp.where(jnp.isfinite(tau), tau, 0.0) * hv  # exact: the gradient is affine
-        one, zero_i = jnp.int32(1), jnp.int32(0)
-        return WorkerProposal(tau, kind, ch.astype(jnp.int32), g_event, scale, one, zero_i,
-                              zero_i, jnp.array(False))
-    a0, b0 = anchor(x0, v0, g0, scale)
-    zero = jnp.zeros((), jnp.float64)
-    init = ThinningCarry(
-        key=key, anchor_time=zero, a=a0, b=b0, horizon_end=zero + cfg.horizon, scale=scale,
-        done=jnp.array(False), tau=zero + jnp.inf, kind=jnp.int32(0), channel=jnp.int32(0),
-        gradient_at_event=g0, proposals=jnp.int32(0), rejections=jnp.int32(0),
-        violations=jnp.int32(0))
-    init = batched_like(a0[0], init)
+        return jax.vmap(lambda lane: _exact_first_event(cfg, lane[0], x0, v0, cap, grad_fn,
+                                                        *lane[1:]))(lanes)
 
-    def cond(c: ThinningCarry):
-        return (~c.done) & (c.proposals < cfg.max_thinning)
+    def anchor(xs, vs, gs, sc, lane):
+        _, args, q_i, l_i, lw_i, coords_i, _, _ = lane
+        a, b = spec.anchor(xs, vs, gs, None, q_i, l_i, lw_i, coords_i, ref, False)
+        if slope_fn is not None:
+            b = b + slope_fn(xs, vs, *args) * coords_i
+        return a, b * sc
 
-    def body(c: ThinningCarry) -> ThinningCarry:
+    def start(lane) -> ThinningCarry:
+        key, args, scale_i = lane[0], lane[1], lane[7]
+        g0 = grad_fn(x0, *args)
+        a0, b0 = anchor(x0, v0, g0, scale_i, lane)
+        zero = jnp.zeros((), jnp.float64)
+        carry = ThinningCarry(
+            key=key, anchor_time=zero, a=a0, b=b0, horizon_end=zero + cfg.horizon,
+            scale=scale_i, done=jnp.array(False), tau=zero + jnp.inf, kind=jnp.int32(0),
+            channel=jnp.int32(0), gradient_at_event=g0, proposals=jnp.int32(0),
+            rejections=jnp.int32(0), violations=jnp.int32(0))
+        return batched_like(a0[0], carry)
+
+    def propose_once(c: ThinningCarry, lane, limit) -> ThinningCarry:
+        """One thinning proposal of one proposer: accept, reject (re-anchor the bound at the
+        proposed point), or stop at ``limit``; a violated bound doubles its scale."""
+        args, coords_i, rho_i = lane[1], lane[5], lane[6]
         s, a, b, hend, sc = c.anchor_time, c.a, c.b, c.horizon_end, c.scale
         key, k1, k2, k3 = split_key(c.key, 4)
         e = exponential64(k1, (C,))
@@ -253,18 +288,18 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
         ch = jnp.argmin(tc)
         tmin = tc[ch]
         if cfg.has_excess:
-            te = _exp_time(k2, rho)
+            te = _exp_time(k2, rho_i)
             excess_first = te < tmin
         else:
             te, excess_first = jnp.inf, jnp.array(False)
         t_prop = s + jnp.minimum(tmin, te)
         beyond = t_prop > hend
         t_eval = jnp.where(beyond, hend, t_prop)
-        capped = ~(t_eval < cap)
+        capped = ~(t_eval < limit)
         t_safe = jnp.where(jnp.isfinite(t_eval), t_eval, s)
         xe, ve = spec.flow(x0, v0, t_safe, ref)
-        ge = grad_fn(xe)
-        rate = spec.rate(xe, ve, ge, coords, ref)[ch]
+        ge = grad_fn(xe, *args)
+        rate = spec.rate(xe, ve, ge, coords_i, ref)[ch]
         bound = jnp.maximum(a[ch] + b[ch] * (t_safe - s), 0.0)
         check = ~capped & ~beyond & ~excess_first
         tol = 1e-6 * (jnp.abs(a[ch]) + jnp.abs(b[ch]) * (t_safe - s)) + 1e-9
@@ -273,7 +308,7 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
         accept = check & ~violated & (u * bound < rate)
         is_excess = ~capped & ~beyond & excess_first
         reanchor = ~capped & ~violated & ~accept & ~is_excess
-        an, bn = anchor(xe, ve, ge, sc)
+        an, bn = anchor(xe, ve, ge, sc, lane)
         sc_new = jnp.where(violated, 2.0 * sc, sc)
         b_enlarged = jnp.where(b >= 0, 2.0 * b + 1e-12, 0.5 * b)
         return ThinningCarry(
@@ -293,9 +328,36 @@ def _worker_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, q, l, lw, coo
             violations=c.violations + violated.astype(jnp.int32),
         )
 
-    out = jax.lax.while_loop(cond, body, init)
+    def limit(c: ThinningCarry):
+        """How far the searches go: the server's cap, or the earliest accepted time."""
+        if not stop_at_earliest:
+            return cap
+        return jnp.minimum(cap, jnp.min(c.tau))  # tau is inf until a proposer accepts
+
+    def searching(c: ThinningCarry):
+        active = ~c.done & (c.proposals < cfg.max_thinning)
+        if stop_at_earliest:
+            active = active & (c.anchor_time < limit(c))
+        return active
+
+    if keys.shape[0] == 1:
+        # one proposer (a distributed worker, the prior's channels): no lane axis in the loop,
+        # which traces faster and is the same program
+        lane = jax.tree_util.tree_map(lambda leaf: leaf[0], lanes)
+        out = jax.lax.while_loop(searching, lambda c: propose_once(c, lane, limit(c)),
+                                 start(lane))
+        out = jax.tree_util.tree_map(lambda leaf: leaf[None], out)
+    else:
+        def body(c: ThinningCarry) -> ThinningCarry:
+            new = jax.vmap(propose_once, in_axes=(0, 0, None))(c, lanes, limit(c))
+            return _select_lanes(searching(c), new, c)
+
+        out = jax.lax.while_loop(lambda c: jnp.any(searching(c)), body, jax.vmap(start)(lanes))
+    finished = out.done
+    if stop_at_earliest:
+        finished = finished | (out.anchor_time >= limit(out))  # passed the earliest: no event
     return WorkerProposal(out.tau, out.kind, out.channel, out.gradient_at_event, out.scale,
-                          out.proposals, out.rejections, out.violations, ~out.done)
+                          out.proposals, out.rejections, out.violations, ~finished)
 
 
 def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: bool = False):
@@ -369,19 +431,28 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             sk_n=jnp.int32(0),
         )
 
+    def data_worker_slope(y, u, data_m, mask_m, g_ref_m, w_m, alpha_m):
+        return cfg.custom_slope(y, u, cfg.horizon, data_m, mask_m)
+
+    def propose_all(keys, x, v, cap, workers_: Workers, alpha, scale, stop_at_earliest):
+        """Step 1 of Algorithm 2 for data workers side by side (leading axis of ``keys``,
+        ``workers_``, ``alpha``, ``scale``): their :class:`WorkerProposal` rows."""
+        return first_events(
+            cfg, keys, x, v, cap, data_worker_grad,
+            (workers_.data, workers_.mask, workers_.g_ref, workers_.cv_weight, alpha),
+            workers_.q + alpha[:, None, None] * prior.q, workers_.l + alpha * prior.l,
+            workers_.lw + alpha * prior.lw, workers_.coords, workers_.rho, scale,
+            slope_fn=None if cfg.custom_slope is None else data_worker_slope,
+            stop_at_earliest=stop_at_earliest)
+
     def propose(key_m, x, v, cap, worker_m: Workers, alpha_m, scale_m):
         """Step 1 of Algorithm 2 for ONE data worker (client side): its first event time
         before ``cap`` from its own potential and data (``worker_m``: its slice of
         :class:`Workers`, data included). Returns its :class:`WorkerProposal`."""
-        grad_fn = lambda y: data_worker_grad(y, worker_m.data, worker_m.mask, worker_m.g_ref,  # noqa: E731
-                                             worker_m.cv_weight, alpha_m)
-        slope_fn = None
-        if cfg.custom_slope is not None:
-            slope_fn = lambda y, u: cfg.custom_slope(y, u, cfg.horizon, worker_m.data, worker_m.mask)  # noqa: E731
-        return _worker_first_event(
-            cfg, key_m, x, v, cap, grad_fn, worker_m.q + alpha_m * prior.q,
-            worker_m.l + alpha_m * prior.l, worker_m.lw + alpha_m * prior.lw, worker_m.coords,
-            worker_m.rho, scale_m, slope_fn)
+        one = lambda leaf: jnp.asarray(leaf)[None]  # noqa: E731
+        rows = propose_all(one(key_m), x, v, cap, jax.tree_util.tree_map(one, worker_m),
+                           one(alpha_m), one(scale_m), stop_at_earliest=False)
+        return jax.tree_util.tree_map(lambda leaf: leaf[0], rows)
 
     def event_keys(key):
         """The keys of one event iteration: ``(worker keys (M,), server key)``; worker m's
@@ -398,8 +469,10 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     def event_step(key, st: FedState, t_stop, counting) -> FedState:
         worker_keys, _ = event_keys(key)
         cap = event_cap(st, t_stop)
-        res = jax.vmap(propose, in_axes=(0, None, None, None, 0, 0, 0))(
-            worker_keys, st.x, st.v, cap, workers, st.alpha, st.scale[:M])
+        # all workers of the chain side by side: a worker stops once another has proposed
+        # an earlier event (the winner is the same as on the distributed engines)
+        res = propose_all(worker_keys, st.x, st.v, cap, workers, st.alpha, st.scale[:M],
+                          stop_at_earliest=True)
         return apply_proposals(key, st, res, t_stop, counting)
 
     def apply_proposals(key, st: FedState, res: WorkerProposal, t_stop, counting) -> FedState:
@@ -412,10 +485,14 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         cap = cap_abs - st.t
         x, v = st.x, st.v
         if cfg.prior_worker:
-            pres = _worker_first_event(
-                cfg, kp, x, v, cap, prior_worker_grad, prior.q, prior.l, prior.lw,
-                jnp.ones((d,)), jnp.zeros(()), st.scale[M], None)
-            res = jax.tree_util.tree_map(lambda r, p: jnp.concatenate([r, p[None]]), res, pres)
+            # the prior's own channels search up to the workers' earliest proposal: a later
+            # one cannot win (on every engine: the server has all proposals by then)
+            prior_cap = jnp.minimum(cap, jnp.min(res.tau))
+            pres = first_events(
+                cfg, kp[None], x, v, prior_cap, lambda y: prior_worker_grad(y), (), prior.q[None],
+                prior.l[None], prior.lw[None], jnp.ones((1, d)), jnp.zeros((1,)),
+                st.scale[M:], stop_at_earliest=False)
+            res = jax.tree_util.tree_map(lambda r, p: jnp.concatenate([r, p]), res, pres)
         w = jnp.argmin(res.tau)
         tau = res.tau[w]
         event = tau < cap
@@ -537,7 +614,8 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     # The pieces the distributed run (pdmp/distributed.py, engines/broadcast.py) composes in the
     # same order.
     protocol = FedProtocol(
-        propose=propose, worker_gradient=data_worker_grad, event_keys=event_keys,
+        propose=propose, propose_all=propose_all, worker_gradient=data_worker_grad,
+        event_keys=event_keys,
         event_cap=event_cap, apply_proposals=apply_proposals, draw_begin=draw_begin,
         draw_end=draw_end, prior_gradient_row=prior_gradient_row,
         rates_from_gradients=rates_from_gradients, silent_proposal=silent_proposal)

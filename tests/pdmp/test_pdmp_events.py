@@ -114,3 +114,65 @@ def test_privacy_arguments_are_checked():
         name = [k for k in bad if k != "sample_interval"] or ["sample_interval"]
         with pytest.raises(ValueError, match=name[-1].split("_")[0]):
             fm.FedZigZag(**bad)
+
+
+@pytest.mark.parametrize("sizes", [(4, 40, 300), (3, 5, 8, 13, 20, 30, 45, 60, 90, 120, 160, 240)],
+                         ids=["3-workers", "12-workers"])
+@pytest.mark.parametrize("excess_rate", [0.0, 0.3])
+def test_workers_stopping_at_the_earliest_proposal_keep_the_winner(excess_rate, sizes):
+    """The in-process engine lets a worker stop its thinning once another worker of the chain
+    has accepted an earlier event (``stop_at_earliest``). The server's choice must not move:
+    the earliest time, its worker, channel, kind and gradient are bit for bit those of the
+    full searches (what each distributed worker computes alone), while the losers' searches
+    are shorter. Logistic regression with loose estimated bounds (safety 8: many rejections),
+    workers of very unequal size, the privacy clock on or off, 1024 states. Stopping at 0.9 of
+    the earliest accepted time instead (a worker could still win in the gap) fails it."""
+    import fedmcmc as fm
+    from fedmcmc.pdmp import models as pdmp_models
+    from fedmcmc.rng import split_key
+
+    sizes = np.array(sizes)
+    clients, _ = pdmp_models.logistic_data(3, int(sizes.sum()), 4, non_iid=True)
+    rows = np.split(np.arange(sizes.sum()), np.cumsum(sizes)[:-1])
+    federation = fm.Federation([{k: v[r] for k, v in clients[0].items()} for r in rows])
+    algorithm = fm.FedZigZag(0.5, excess_rate=excess_rate, safety=8.0)
+    with jax.enable_x64(True):
+        built = algorithm.build(pdmp_models.logistic_model(), federation,
+                                np.zeros(4, np.float32), with_protocol=True)
+        protocol, workers, M = built.protocol, built.workers, len(sizes)
+        assert not built.config.exact and built.config.has_excess == (excess_rate > 0)
+        rng = np.random.default_rng(0)
+        states = 1024
+        x = jnp.asarray(rng.normal(0, 0.7, (states, 4)))
+        v = jnp.asarray(rng.choice([-1.0, 1.0], (states, 4)))
+        cap = jnp.asarray(rng.choice([1e-3, 1e-2, np.inf], states))
+        keys = jax.vmap(lambda k: split_key(k, M))(split_key(jax.random.key(1), states))
+        alpha = jnp.broadcast_to(workers.cv_weight, (states, M))
+        scale = jnp.ones((states, M))
+
+        def both(keys, x, v, cap, alpha, scale):
+            return tuple(protocol.propose_all(keys, x, v, cap, workers, alpha, scale, stop)
+                         for stop in (True, False))
+
+        stopped, full = jax.jit(jax.vmap(both))(keys, x, v, cap, alpha, scale)
+    stopped, full = jax.tree_util.tree_map(np.asarray, (stopped, full))
+    winner = full.tau.argmin(axis=1)
+    pick = lambda field: np.take_along_axis(field, winner[:, None], axis=1)[:, 0]  # noqa: E731
+    np.testing.assert_array_equal(stopped.tau.argmin(axis=1), winner)
+    np.testing.assert_array_equal(stopped.tau.min(axis=1), full.tau.min(axis=1))
+    has_event = np.isfinite(full.tau.min(axis=1))
+    assert 0.3 < has_event.mean() < 1.0  # some rounds end at the cap, most with an event
+    for field in ("channel", "kind"):
+        np.testing.assert_array_equal(pick(getattr(stopped, field))[has_event],
+                                      pick(getattr(full, field))[has_event])
+    np.testing.assert_array_equal(
+        np.take_along_axis(stopped.gradient_at_event, winner[:, None, None], 1)[has_event],
+        np.take_along_axis(full.gradient_at_event, winner[:, None, None], 1)[has_event])
+    if excess_rate > 0:
+        assert (pick(full.kind)[has_event] == 1).any()  # some winners are privacy events
+    # no losing worker reports an event earlier than the winner, none overflowed
+    assert np.all(stopped.tau >= stopped.tau.min(axis=1, keepdims=True))
+    assert not stopped.overflow.any() and not full.overflow.any()
+    # shorter searches, never longer
+    assert np.all(stopped.proposals <= full.proposals)
+    assert stopped.proposals.sum() < 0.85 * full.proposals.sum()
