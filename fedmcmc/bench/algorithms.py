@@ -76,13 +76,23 @@ class Budget:
     ``seconds`` of wall time (``None``: no limit). A run still going after ``seconds`` stops
     at the end of its current chunk of draws (the engines' chunks are cut to about 1/250 of
     the run for this), or, when one chunk runs on (or the algorithm's ``fm.sample`` takes no
-    run options, as the baselines'), its worker process is stopped a quarter of ``seconds``
-    later (:mod:`fedmcmc.bench.workers`); either way its verdict says it lost on time."""
+    run options, as the baselines'), its worker process is stopped ``grace_seconds`` later
+    (default: a quarter of ``seconds``, at least :data:`fedmcmc.bench.workers.MIN_GRACE`;
+    :mod:`fedmcmc.bench.workers`); either way its verdict says it lost on time."""
 
     chains: int
     num_samples: int
     burn_in: int
     seconds: Optional[float] = None
+    grace_seconds: Optional[float] = None
+
+    def __post_init__(self):
+        for name in ("seconds", "grace_seconds"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not value >= 0):
+                raise ValueError(f"{name} must be a non-negative number of seconds or None, "
+                                 f"got {value!r}")
 
 
 @dataclasses.dataclass

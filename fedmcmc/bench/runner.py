@@ -217,7 +217,8 @@ def run(
     problems, algorithms:
         Subsets by name (default: all of the size / all of :data:`ALGORITHMS`).
     budget:
-        Overrides the size's budget (chains, kept draws, burn-in draws).
+        Overrides the size's budget (chains, kept draws, burn-in draws, seconds, and the
+        grace after which a row stuck inside one chunk is stopped with its worker).
     command:
         The command line written into the README (default: rebuilt from the arguments).
     jobs:
@@ -287,7 +288,8 @@ def run(
              + row["verdict"], quiet)
 
     _log(f"{len(tasks)} runs, {jobs} at a time", quiet)
-    rows = workers.run_rows(tasks, jobs=jobs, seconds=budget.seconds, on_row=log_row)
+    rows = workers.run_rows(tasks, jobs=jobs, seconds=budget.seconds, on_row=log_row,
+                            grace=budget.grace_seconds)
     _rank(rows)
     if command is None:
         command = "fedmcmc bench" + (" --quick" if quick else "") + f" --out {out_dir}"

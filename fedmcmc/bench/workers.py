@@ -4,8 +4,9 @@ Two things need a row outside the process that schedules it:
 
 * **the time budget.** A run is asked to stop at the end of each compiled chunk once its
   budget is spent, but one chunk can take minutes (one draw of Fed Boomerang under client
-  drift took 115-175 s on the development machine). A row whose worker is still busy
-  ``grace`` seconds after its budget is stopped by ending the worker's process; its verdict
+  drift took 115-175 s on the development machine before its workers' searches stopped at
+  the earliest proposal; a slow model or a large ``sample_interval`` can still do it). A row
+  whose worker is still busy ``grace`` seconds after its budget is stopped by ending the worker's process; its verdict
   says it lost on time, and a fresh worker takes the next row.
 * **several rows at once.** Most of a small row is XLA compilation, which runs on one core:
   ``jobs=2`` on 2 cores nearly halves the wall time of ``fedmcmc bench --quick``. Rows then
@@ -96,18 +97,22 @@ def run_rows(
     jobs: int,
     seconds: Optional[float],
     on_row: Callable[[Dict[str, Any]], None],
+    grace: Optional[float] = None,
 ) -> List[Dict[str, Any]]:
     """Run ``tasks`` on ``jobs`` worker processes; rows come back in the tasks' order.
 
-    ``seconds``: the budget's wall time; a row still running ``max(MIN_GRACE, seconds / 4)``
-    seconds past it is stopped with its worker (``None``: never). ``on_row(row)`` is called as
-    each row finishes (for the progress log).
+    ``seconds``: the budget's wall time; a row still running ``grace`` seconds past it
+    (default ``max(MIN_GRACE, seconds / 4)``) is stopped with its worker (``seconds=None``:
+    never). ``on_row(row)`` is called as each row finishes (for the progress log).
     """
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     pending = list(tasks)
     rows: Dict[int, Dict[str, Any]] = {}
-    grace = None if seconds is None else max(MIN_GRACE, 0.25 * float(seconds))
+    if seconds is None:
+        grace = None
+    elif grace is None:
+        grace = max(MIN_GRACE, 0.25 * float(seconds))
     slots = [_Slot(context, results) for _ in range(max(1, min(int(jobs), len(pending) or 1)))]
 
     def finish(index: int, row: Dict[str, Any]) -> None:

@@ -120,13 +120,16 @@ def test_a_run_over_the_time_budget_loses_on_time(tmp_path):
 
 
 def test_a_run_stuck_inside_one_chunk_is_stopped_with_its_worker(tmp_path):
-    """Fed Boomerang under client drift spends minutes on one draw (one compiled chunk), so
-    the budget check at chunk ends cannot stop it: its worker process is ended
-    MIN_GRACE seconds after the budget, the row says it lost on time, and the next row runs
-    in a fresh worker, two at a time (jobs=2), in the tasks' order."""
+    """A row whose chunk of draws runs on past the budget cannot be stopped at a chunk's
+    end: its worker process is ended ``grace_seconds`` after the budget, the row says it lost
+    on time, and the next row runs in a fresh worker, two at a time (jobs=2), in the tasks'
+    order. (Here the budget is 0 s and the grace 0.5 s: the first chunk, which compiles the
+    run, is still going. One draw of Fed Boomerang under client drift used to take minutes,
+    before the workers' searches stopped at the earliest proposal.)"""
     out = tmp_path / "bench"
     bench.run(out, problems=["gaussian-drift"], algorithms=["FedBoomerang", "SGLD"],
-              budget=bench.Budget(chains=2, num_samples=50, burn_in=5, seconds=0.0),
+              budget=bench.Budget(chains=2, num_samples=50, burn_in=5, seconds=0.0,
+                                  grace_seconds=0.5),
               quiet=True, jobs=2)
     with open(out / "leaderboard.csv", newline="") as handle:
         boomerang, sgld = list(csv.DictReader(handle))
@@ -142,3 +145,11 @@ def test_jobs_must_be_a_positive_integer(tmp_path):
     for jobs in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="jobs"):
             bench.run(tmp_path, problems=["gaussian-drift"], algorithms=["FALD"], jobs=jobs)
+
+
+def test_budget_seconds_must_be_non_negative_numbers():
+    for name, value in (("seconds", -1.0), ("grace_seconds", -0.5), ("grace_seconds", "10"),
+                        ("seconds", True)):
+        with pytest.raises(ValueError, match=name):
+            bench.Budget(chains=2, num_samples=10, burn_in=2, **{name: value})
+    assert bench.Budget(chains=2, num_samples=10, burn_in=2, grace_seconds=0).grace_seconds == 0
