@@ -2,6 +2,7 @@
 
     pip install --no-deps pdmp-jax==0.1.1 jax-tqdm chex toolz seaborn tqdm   # keeps the pinned jax
     python benchmarks/bench_pdmp.py [--quick]
+    python benchmarks/bench_pdmp.py --quick --federated-only   # no pdmp-jax needed
 
 Standard Gaussian targets (d = 10, 50), one worker, one chain. Both samplers
 are jitted and run twice; the second (compiled) call is timed. pdmp-jax uses
@@ -11,7 +12,8 @@ potential) and Poisson thinning against the Hessian bound |H| <= I (what a
 general model gets). ESS is ArviZ's bulk ESS (minimum over coordinates) of the
 positions at unit time steps, computed the same way for both. Then Fed Zig-Zag
 on logistic regression (N = 10,000, d = 5) with 1, 4, 16, 64 workers: wall time
-per event of the compiled draw loop (in-process engine, workers vmapped).
+per event of the compiled draw loop (in-process engine, a chain's workers side by side),
+with equal client sizes and one chain, then client sizes ~ 1/rank and 4 chains.
 """
 
 from __future__ import annotations
@@ -85,31 +87,48 @@ def theirs(kind, d, events):
     return events / seconds, min_ess(draws[len(draws) // 10:]) / seconds, seconds
 
 
-def per_event_cost(workers, draws):
-    clients, _ = models.logistic_data(0, 10_000, 5, num_workers=workers)
+def per_event_cost(workers, draws, unequal=False, chains=1):
+    """Seconds per event, events per unit time, rejections and thinning proposals per event
+    of Fed Zig-Zag's compiled draw loop. ``unequal``: client sizes proportional to 1/rank
+    (Zipf) instead of equal; ``chains`` vmapped (they advance in lock-step)."""
+    clients, _ = models.logistic_data(0, 10_000, 5, num_workers=1 if unequal else workers)
+    if unequal:
+        weights = 1.0 / np.arange(1, workers + 1)
+        bounds = np.round(np.cumsum(weights) / weights.sum() * 10_000).astype(int)[:-1]
+        clients = [{k: v for k, v in zip(clients[0], parts)}
+                   for parts in zip(*(np.split(value, bounds) for value in clients[0].values()))]
     fed = fm.Federation(clients)
     alg = fm.FedZigZag(sample_interval=0.01)
     with jax.enable_x64(True):
         cfg, draw_step, states, key, *_ = alg.build(models.logistic_model(), fed,
-                                                    np.zeros(5, np.float32), rate_diagnostics=False)
-        state = jax.tree_util.tree_map(lambda leaf: leaf[0], states)
+                                                    np.zeros(5, np.float32), chains=chains,
+                                                    rate_diagnostics=False)
 
         @jax.jit
-        def run(state, keys):
-            return jax.lax.scan(lambda s, k: (draw_step(k, s)[0], None), state, keys)[0]
+        def run(states, keys):
+            def one_draw(s, k):
+                return jax.vmap(draw_step)(jax.random.split(k, chains), s)[0], None
 
-        final, seconds = timed_twice(run, state, jax.random.split(key, draws))
+            return jax.lax.scan(one_draw, states, keys)[0]
+
+        final, seconds = timed_twice(run, states, jax.random.split(key, draws))
     events = int(final.events.sum() + final.excess_events.sum())
-    return seconds / max(events, 1), events / float(final.t), float(final.rejections.sum()) / max(events, 1)
+    per_event = lambda total: float(total) / max(events, 1)  # noqa: E731
+    return (seconds / max(events, 1), events / float(final.t.sum()),
+            per_event(final.rejections.sum()), per_event(final.thinning.sum()))
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--federated-only", action="store_true",
+                        help="only the Fed Zig-Zag per-event cost (pdmp-jax not needed)")
     args = parser.parse_args()
     events = 20_000 if args.quick else 200_000
-    print("Standard Gaussian, one worker, one chain: events/s and ESS/s (ratio = fedmcmc / pdmp-jax)")
-    for d in (10, 50):
+    if not args.federated_only:
+        print("Standard Gaussian, one worker, one chain: events/s and ESS/s "
+              "(ratio = fedmcmc / pdmp-jax)")
+    for d in (() if args.federated_only else (10, 50)):
         for kind in ("zigzag", "bps"):
             ev_ref, ess_ref, _ = theirs(kind, d, events)
             ev_x, ess_x, _ = ours(kind, d, events, exact=True)
@@ -119,10 +138,15 @@ def main():
                   f" | thinning {ev_t:9.0f} ev/s {ess_t:9.1f} ESS/s (x{ev_t / ev_ref:.2f}, "
                   f"x{ess_t / ess_ref:.2f})", flush=True)
     print("Fed Zig-Zag, logistic regression N=10,000, d=5, Hessian bound (in-process, compiled)")
-    for m in (1, 4, 16, 64):
-        cost, rate, rejections = per_event_cost(m, 100 if args.quick else 500)
-        print(f"M={m:3d}: {1e6 * cost:9.1f} us/event, switching rate {rate:.0f}/unit time, "
-              f"rejections/event {rejections:.2f}", flush=True)
+    for unequal, chains in ((False, 1), (True, 4)):
+        print(f"{'client sizes ~ 1/rank' if unequal else 'equal client sizes'}, {chains} "
+              f"chain{'s' if chains > 1 else ''}")
+        for m in (1, 4, 16, 64):
+            cost, rate, rejections, proposals = per_event_cost(
+                m, 100 if args.quick else 500, unequal=unequal, chains=chains)
+            print(f"M={m:3d}: {1e6 * cost:9.1f} us/event, switching rate {rate:.0f}/unit time, "
+                  f"rejections/event {rejections:.2f}, thinning proposals/event {proposals:.2f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,47 @@ def _summed_slope_bound(per_example_bound):
     return custom_slope
 
 
+#: the in-process engine sums the workers' gradients over their rows without padding when
+#: padding would add at least this share of rows (clients of unequal size)
+UNPADDED_MIN_PADDING = 0.25
+
+
+def _unpadded_workers_data_grad(flat_model, padded, sizes, reference_share=None):
+    """``X (M, d) -> (M, d)``: every worker's data potential gradient at its own row of ``X``,
+    summed over the real rows only (all workers' rows concatenated, one segment per worker),
+    or ``None`` when the clients are of nearly equal size.
+
+    The padded layout evaluates every worker on as many rows as the largest one has: with
+    clients of very unequal size (1/rank sizes, 64 workers: 13x the rows) most of a thinning
+    pass's gradients were padding. Same sums as ``data_grad`` worker by worker, in another
+    order. ``reference_share``: ``(precision, mean, n_total)`` of the Boomerang's reference
+    potential when the data workers hold ``-n_m / N U_ref``."""
+    sizes = np.asarray(sizes, np.int64)
+    num_workers, widest = sizes.size, int(sizes.max())
+    if num_workers < 2 or num_workers * widest < (1.0 + UNPADDED_MIN_PADDING) * sizes.sum():
+        return None
+    rows = jax.tree_util.tree_map(
+        lambda leaf: device_array(np.concatenate(
+            [np.asarray(leaf)[m, :n] for m, n in enumerate(sizes)])), padded.data)
+    segment = np.repeat(np.arange(num_workers, dtype=np.int32), sizes)
+    segment_device = device_array(segment)
+    shares = None if reference_share is None else device_array(sizes / reference_share[2])
+
+    def row_log_likelihood(theta, row):
+        return flat_model.log_likelihood_sum(theta, jax.tree_util.tree_map(lambda x: x[None], row))
+
+    def workers_data_grad(X):
+        per_row = jax.vmap(jax.grad(row_log_likelihood))(X[segment_device], rows)
+        g = -jax.ops.segment_sum(per_row, segment_device, num_segments=num_workers,
+                                 indices_are_sorted=True)
+        if reference_share is not None:  # n_m / N of -grad U_ref
+            precision, mean, _ = reference_share
+            g = g - shares[:, None] * jax.vmap(lambda x: precision @ (x - mean))(X)
+        return g
+
+    return workers_data_grad
+
+
 def _run_sums(burn_in: int, num_samples: int, d: int, chains: int):
     """``(accumulate, initial RunSums (chains, ...), batch length)``:
     ``accumulate(n_draws_before, sums, draw, stats) -> sums`` adds one draw of one chain
@@ -479,6 +520,14 @@ class _FedPDMP(Algorithm):
             rho=device_array(np.full((M,), self.rho, np.float64)),
             cv_weight=device_array(sizes / sizes.sum()), g_ref=device_array(g_ref))
 
+        workers_data_grad = None
+        if isinstance(workers_access, LocalWorkers):
+            workers_data_grad = _unpadded_workers_data_grad(
+                flat_model, workers_access.padded, sizes,
+                None if ref_share is None else (ref_precision, reference.mean, n_total))
+        # rows a thinning pass evaluates: the padded layout, or every worker's own rows
+        info["gradient_layout"] = "padded" if workers_data_grad is None else "unpadded"
+
         custom_slope, horizon = None, float("inf")
         if mode == "custom":
             custom_slope = _summed_slope_bound(attrs["zigzag_slope_bound"])
@@ -487,7 +536,7 @@ class _FedPDMP(Algorithm):
         cfg = federated.FedConfig(
             spec=spec, dim=d, num_workers=M, prior_worker=self.prior != "split",
             exact=(mode == "exact"), data_grad=data_grad, prior_grad=prior_grad,
-            custom_slope=custom_slope, horizon=horizon, refresh_rate=self.refresh_rate,
+            workers_data_grad=workers_data_grad, custom_slope=custom_slope, horizon=horizon, refresh_rate=self.refresh_rate,
             redistribution_rate=self.redistribution_rate, control_variates=cv is not False,
             reference=reference, max_thinning=self.max_thinning,
             max_iterations_per_draw=self.max_events_per_draw, skeleton_size=skeleton_size,

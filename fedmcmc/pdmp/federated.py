@@ -74,6 +74,9 @@ class FedConfig:
     data_grad: Callable  # (x, data_m, mask_m) -> grad of worker m's data potential
     prior_grad: Callable  # x -> grad of U_0 (minus reference for Boomerang)
     custom_slope: Optional[Callable] = None  # (x, v, horizon, data_m, mask_m) -> (d,) slopes
+    # X (M, d) -> (M, d): every worker's data_grad at its own row of X at once, from the rows
+    # without padding (in-process, clients of unequal size); None: data_grad vmapped
+    workers_data_grad: Optional[Callable] = None
     horizon: float = float("inf")
     refresh_rate: float = 0.0
     redistribution_rate: float = 0.0
@@ -232,14 +235,32 @@ def _select_lanes(active, new, old):
     return jax.tree_util.tree_map(leaf, new, old)
 
 
+class _Candidate(NamedTuple):
+    """A proposer's next candidate event of one thinning pass, before its gradient."""
+
+    key: jax.Array  # the proposer's key after this pass
+    accept_key: jax.Array
+    channel: jax.Array
+    t_prop: jax.Array
+    beyond: jax.Array  # past the current bound's horizon: re-anchor there
+    capped: jax.Array  # not before the limit: the search ends without an event
+    excess_first: jax.Array
+    t_safe: jax.Array  # where the gradient is evaluated
+    x: jax.Array
+    v: jax.Array
+
+
 def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw, coords, rho,
-                 scale, slope_fn=None, stop_at_earliest=False) -> WorkerProposal:
+                 scale, slope_fn=None, stop_at_earliest=False,
+                 lanes_grad=None) -> WorkerProposal:
     """Algorithm 3 for L proposers at once: each one's first event time before ``cap`` (or
     inf), by Poisson thinning of its own rates against affine bounds (Appendix A).
 
     ``keys``, every leaf of ``grad_args`` and ``q, l, lw, coords, rho, scale`` have a leading
     axis of L proposers; ``x0, v0, cap`` are shared. Proposer i's gradient is
-    ``grad_fn(x, *grad_args_i)`` and its extra bound slope ``slope_fn(x, v, *grad_args_i)``.
+    ``grad_fn(x, *grad_args_i)`` and its extra bound slope ``slope_fn(x, v, *grad_args_i)``;
+    ``lanes_grad(X, *grad_args)``, if given, computes the L gradients at the rows of ``X``
+    (L, d) at once (the in-process engine's unpadded sum over all workers' rows).
     Returns a :class:`WorkerProposal` with that leading axis.
 
     The proposers search in one loop, one thinning proposal each per pass (a proposer whose
@@ -249,7 +270,8 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
     (the first event of a thinned process is not earlier than its first candidate), applied
     within the round. Only the in-process engine, where all workers of a chain search side
     by side, can use it; the winner (its time, channel and gradient) is the same either way,
-    only the losers' searches are shorter.
+    only the losers' searches are shorter (so a bound violation in the part a loser skips does
+    not double its scale, the one way the draws can then differ from a distributed run's).
     """
     spec, ref = cfg.spec, cfg.reference
     C = spec.channels(cfg.dim)
@@ -257,6 +279,13 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
     if cfg.exact:
         return jax.vmap(lambda lane: _exact_first_event(cfg, lane[0], x0, v0, cap, grad_fn,
                                                         *lane[1:]))(lanes)
+    single = keys.shape[0] == 1
+
+    def gradients(X):
+        """The proposers' gradients at the rows of ``X`` (L, d)."""
+        if lanes_grad is not None:
+            return lanes_grad(X, *grad_args)
+        return jax.vmap(grad_fn)(X, *grad_args)
 
     def anchor(xs, vs, gs, sc, lane):
         _, args, q_i, l_i, lw_i, coords_i, _, _ = lane
@@ -265,9 +294,8 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
             b = b + slope_fn(xs, vs, *args) * coords_i
         return a, b * sc
 
-    def start(lane) -> ThinningCarry:
-        key, args, scale_i = lane[0], lane[1], lane[7]
-        g0 = grad_fn(x0, *args)
+    def start(lane, g0) -> ThinningCarry:
+        key, scale_i = lane[0], lane[7]
         a0, b0 = anchor(x0, v0, g0, scale_i, lane)
         zero = jnp.zeros((), jnp.float64)
         carry = ThinningCarry(
@@ -277,11 +305,11 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
             rejections=jnp.int32(0), violations=jnp.int32(0))
         return batched_like(a0[0], carry)
 
-    def propose_once(c: ThinningCarry, lane, limit) -> ThinningCarry:
-        """One thinning proposal of one proposer: accept, reject (re-anchor the bound at the
-        proposed point), or stop at ``limit``; a violated bound doubles its scale."""
-        args, coords_i, rho_i = lane[1], lane[5], lane[6]
-        s, a, b, hend, sc = c.anchor_time, c.a, c.b, c.horizon_end, c.scale
+    def candidate(c: ThinningCarry, lane, limit) -> _Candidate:
+        """The next candidate of one proposer's bound (its rate channels and its privacy
+        clock), or the horizon of the bound, or the limit."""
+        rho_i = lane[6]
+        s, a, b, hend = c.anchor_time, c.a, c.b, c.horizon_end
         key, k1, k2, k3 = split_key(c.key, 4)
         e = exponential64(k1, (C,))
         tc = affine_first_time(a, b, e)
@@ -298,28 +326,35 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
         capped = ~(t_eval < limit)
         t_safe = jnp.where(jnp.isfinite(t_eval), t_eval, s)
         xe, ve = spec.flow(x0, v0, t_safe, ref)
-        ge = grad_fn(xe, *args)
-        rate = spec.rate(xe, ve, ge, coords_i, ref)[ch]
+        return _Candidate(key, k3, ch, t_prop, beyond, capped, excess_first, t_safe, xe, ve)
+
+    def resolve(c: ThinningCarry, lane, cand: _Candidate, ge) -> ThinningCarry:
+        """Accept the candidate (rate / bound), reject it (re-anchor the bound there), or end
+        the search at the limit; a violated bound doubles the proposer's scale."""
+        coords_i = lane[5]
+        s, a, b, hend, sc = c.anchor_time, c.a, c.b, c.horizon_end, c.scale
+        ch, t_safe, beyond, capped = cand.channel, cand.t_safe, cand.beyond, cand.capped
+        rate = spec.rate(cand.x, cand.v, ge, coords_i, ref)[ch]
         bound = jnp.maximum(a[ch] + b[ch] * (t_safe - s), 0.0)
-        check = ~capped & ~beyond & ~excess_first
+        check = ~capped & ~beyond & ~cand.excess_first
         tol = 1e-6 * (jnp.abs(a[ch]) + jnp.abs(b[ch]) * (t_safe - s)) + 1e-9
         violated = check & (rate > bound + tol)
-        u = uniform64(k3)
+        u = uniform64(cand.accept_key)
         accept = check & ~violated & (u * bound < rate)
-        is_excess = ~capped & ~beyond & excess_first
+        is_excess = ~capped & ~beyond & cand.excess_first
         reanchor = ~capped & ~violated & ~accept & ~is_excess
-        an, bn = anchor(xe, ve, ge, sc, lane)
+        an, bn = anchor(cand.x, cand.v, ge, sc, lane)
         sc_new = jnp.where(violated, 2.0 * sc, sc)
         b_enlarged = jnp.where(b >= 0, 2.0 * b + 1e-12, 0.5 * b)
         return ThinningCarry(
-            key=key,
+            key=cand.key,
             anchor_time=jnp.where(reanchor, t_safe, s),
             a=jnp.where(reanchor, an, a),
             b=jnp.where(reanchor, bn, jnp.where(violated, b_enlarged, b)),
             horizon_end=jnp.where(reanchor, t_safe + cfg.horizon, hend),
             scale=sc_new,
             done=capped | accept | is_excess,
-            tau=jnp.where(accept | is_excess, t_prop, jnp.inf),
+            tau=jnp.where(accept | is_excess, cand.t_prop, jnp.inf),
             kind=jnp.where(is_excess, EXCESS, 0).astype(jnp.int32),
             channel=ch.astype(jnp.int32),
             gradient_at_event=ge,
@@ -340,19 +375,25 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
             active = active & (c.anchor_time < limit(c))
         return active
 
-    if keys.shape[0] == 1:
+    if single:
         # one proposer (a distributed worker, the prior's channels): no lane axis in the loop,
-        # which traces faster and is the same program
+        # which traces faster (the loop ends with its search: nothing to hold)
         lane = jax.tree_util.tree_map(lambda leaf: leaf[0], lanes)
-        out = jax.lax.while_loop(searching, lambda c: propose_once(c, lane, limit(c)),
-                                 start(lane))
+
+        def body_one(c: ThinningCarry) -> ThinningCarry:
+            cand = candidate(c, lane, limit(c))
+            return resolve(c, lane, cand, grad_fn(cand.x, *lane[1]))
+
+        out = jax.lax.while_loop(searching, body_one, start(lane, grad_fn(x0, *lane[1])))
         out = jax.tree_util.tree_map(lambda leaf: leaf[None], out)
     else:
         def body(c: ThinningCarry) -> ThinningCarry:
-            new = jax.vmap(propose_once, in_axes=(0, 0, None))(c, lanes, limit(c))
+            cand = jax.vmap(candidate, in_axes=(0, 0, None))(c, lanes, limit(c))
+            new = jax.vmap(resolve)(c, lanes, cand, gradients(cand.x))
             return _select_lanes(searching(c), new, c)
 
-        out = jax.lax.while_loop(lambda c: jnp.any(searching(c)), body, jax.vmap(start)(lanes))
+        initial = jax.vmap(start)(lanes, gradients(jnp.broadcast_to(x0, keys.shape + x0.shape)))
+        out = jax.lax.while_loop(lambda c: jnp.any(searching(c)), body, initial)
     finished = out.done
     if stop_at_earliest:
         finished = finished | (out.anchor_time >= limit(out))  # passed the earliest: no event
@@ -434,16 +475,31 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     def data_worker_slope(y, u, data_m, mask_m, g_ref_m, w_m, alpha_m):
         return cfg.custom_slope(y, u, cfg.horizon, data_m, mask_m)
 
-    def propose_all(keys, x, v, cap, workers_: Workers, alpha, scale, stop_at_earliest):
+    @jax.jit  # traced once for its call sites (the first anchors, every thinning pass)
+    def every_worker_grad(X, data, mask, g_ref, w, alpha):
+        """``data_worker_grad`` of all M workers (in order) at the rows of ``X`` at once, the
+        data part from ``cfg.workers_data_grad`` (no padded rows)."""
+        g = cfg.workers_data_grad(X) + alpha[:, None] * jax.vmap(cfg.prior_grad)(X)
+        if cfg.control_variates:
+            g = g - (g_ref + alpha[:, None] * prior.g_ref - w[:, None] * prior.g_total_ref)
+        return g
+
+    def propose_all(keys, x, v, cap, workers_: Workers, alpha, scale, stop_at_earliest,
+                    all_workers=False):
         """Step 1 of Algorithm 2 for data workers side by side (leading axis of ``keys``,
-        ``workers_``, ``alpha``, ``scale``): their :class:`WorkerProposal` rows."""
+        ``workers_``, ``alpha``, ``scale``): their :class:`WorkerProposal` rows.
+        ``all_workers``: ``workers_`` are all M workers in order (their gradients may then
+        come from ``cfg.workers_data_grad``)."""
+        lanes_grad = None
+        if all_workers and cfg.workers_data_grad is not None:
+            lanes_grad = every_worker_grad
         return first_events(
             cfg, keys, x, v, cap, data_worker_grad,
             (workers_.data, workers_.mask, workers_.g_ref, workers_.cv_weight, alpha),
             workers_.q + alpha[:, None, None] * prior.q, workers_.l + alpha * prior.l,
             workers_.lw + alpha * prior.lw, workers_.coords, workers_.rho, scale,
             slope_fn=None if cfg.custom_slope is None else data_worker_slope,
-            stop_at_earliest=stop_at_earliest)
+            stop_at_earliest=stop_at_earliest, lanes_grad=lanes_grad)
 
     def propose(key_m, x, v, cap, worker_m: Workers, alpha_m, scale_m):
         """Step 1 of Algorithm 2 for ONE data worker (client side): its first event time
@@ -472,7 +528,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         # all workers of the chain side by side: a worker stops once another has proposed
         # an earlier event (the winner is the same as on the distributed engines)
         res = propose_all(worker_keys, st.x, st.v, cap, workers, st.alpha, st.scale[:M],
-                          stop_at_earliest=True)
+                          stop_at_earliest=True, all_workers=True)
         return apply_proposals(key, st, res, t_stop, counting)
 
     def apply_proposals(key, st: FedState, res: WorkerProposal, t_stop, counting) -> FedState:

@@ -61,6 +61,23 @@ def test_the_broadcast_engine_gives_the_in_process_draws(algorithm):
             assert max(shape, default=0) <= 2, (method, shape)
 
 
+def test_the_broadcast_engine_follows_the_in_process_thinning_of_unequal_workers():
+    """Thinning (estimated bounds) on workers of 3 to 60 rows: the in-process engine sums the
+    gradients over the unpadded rows of all workers at once and stops a worker once another
+    has an earlier event; each broadcast worker sums its own rows and searches to the cap.
+    Same events, same draws up to rounding."""
+    algorithm = fm.FedZigZag(sample_interval=0.3, bound="estimate")
+    local = fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
+                      num_samples=40, burn_in=5, chains=2, seed=3)
+    assert local.info["gradient_layout"] == "unpadded"
+    distributed = over_transport(algorithm)
+    np.testing.assert_allclose(distributed.flat_samples(), local.flat_samples(), rtol=1e-9,
+                               atol=1e-9)
+    assert distributed.info["events_per_worker"] == local.info["events_per_worker"]
+    # the losers' searches are shorter in-process
+    assert distributed.info["thinning_proposals"] > local.info["thinning_proposals"]
+
+
 def test_a_crashed_worker_stops_the_run_or_is_dropped():
     algorithm = fm.FedZigZag(sample_interval=0.3)
     fault = {"client": 2, "after_visits": 150, "kind": "exit"}

@@ -27,22 +27,74 @@ def _check(algorithm, noise_sd):
     result = fm.sample(model, federation, algorithm, init=jnp.zeros(3), num_samples=1000,
                        burn_in=100, chains=4, seed=0, progress=False)
     assert np.isfinite(result.flat_samples()).all()
+    assert result.info["gradient_layout"] == "unpadded"
     return trajectory_check(result.info, mean, cov, result.flat_samples())
 
 
+# The exact event times of a quadratic potential, and Poisson thinning (estimated bounds; the
+# Boomerang always thins), where the in-process engine sums the workers' gradients over their
+# rows without padding (32 workers of 1-8 rows: padding would make 256 rows of 93)
 ALGORITHMS = [
     lambda: fm.FedZigZag(sample_interval=0.5),
     lambda: fm.FedBPS(sample_interval=0.5, refresh_rate=1.0),
+    lambda: fm.FedZigZag(sample_interval=0.5, bound="estimate"),
+    lambda: fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.5),
 ]
+IDS = ["FedZigZag", "FedBPS", "FedZigZag-thinning", "FedBoomerang"]
 
 
-@pytest.mark.parametrize("make", ALGORITHMS, ids=["FedZigZag", "FedBPS"])
+@pytest.mark.parametrize("make", ALGORITHMS, ids=IDS)
 def test_cars93_by_manufacturer_matches_the_exact_posterior(make):
     ok, figures = _check(make(), NOISE_SD)
     assert ok, figures
 
 
-@pytest.mark.parametrize("make", ALGORITHMS, ids=["FedZigZag", "FedBPS"])
+@pytest.mark.parametrize("make", ALGORITHMS, ids=IDS)
 def test_cars93_with_the_likelihood_scaled_wrong_is_rejected(make):
     ok, figures = _check(make(), 2 * NOISE_SD)
     assert not ok, figures
+
+
+def test_unpadded_gradients_give_the_workers_own_proposals():
+    """The in-process engine's thinning takes all workers' gradients at once from their
+    unpadded rows; its proposals must be those of each worker's own padded sums (what a
+    distributed worker computes): same channels and kinds, times and gradients to rounding.
+    With the Boomerang's share of the reference potential, and with control variates."""
+    import jax
+
+    from fedmcmc.rng import split_key
+
+    federation = cars93_federation()
+    model = fm.models.linear_regression(3, noise_std=NOISE_SD)
+    M, states = federation.num_clients, 64
+    rng = np.random.default_rng(0)
+    for algorithm in (fm.FedBoomerang(0.5, refresh_rate=0.5, prior="server"),
+                      fm.FedZigZag(0.5, bound="estimate", control_variates=True)):
+        with jax.enable_x64(True):
+            built = algorithm.build(model, federation, np.zeros(3, np.float32),
+                                    with_protocol=True)
+            assert built.info["gradient_layout"] == "unpadded"
+            # prior on the server: the Boomerang's data workers hold -n_m / N of the reference
+            # potential
+            assert built.config.prior_worker
+            workers = built.workers
+            x = rng.normal(0.0, 0.5, (states, 3))
+            v = rng.normal(0.0, 1.0, (states, 3)) if algorithm.name != "FedZigZag" else \
+                rng.choice([-1.0, 1.0], (states, 3))
+            keys = jax.vmap(lambda k: split_key(k, M))(split_key(jax.random.key(2), states))
+            alpha = np.broadcast_to(np.asarray(workers.cv_weight), (states, M))
+
+            def both(keys, x, v, alpha):
+                return tuple(built.protocol.propose_all(keys, x, v, np.inf, workers, alpha,
+                                                        np.ones(M), False, all_workers=flag)
+                             for flag in (True, False))
+
+            unpadded, padded = jax.tree_util.tree_map(
+                np.asarray, jax.jit(jax.vmap(both))(keys, x, v, alpha))
+        np.testing.assert_array_equal(unpadded.channel, padded.channel)
+        np.testing.assert_array_equal(unpadded.kind, padded.kind)
+        np.testing.assert_array_equal(unpadded.proposals, padded.proposals)
+        np.testing.assert_allclose(unpadded.tau, padded.tau, rtol=1e-9)
+        np.testing.assert_allclose(unpadded.gradient_at_event, padded.gradient_at_event,
+                                   rtol=1e-9, atol=1e-9)
+        assert np.isfinite(padded.tau).mean() > 0.9
