@@ -3,7 +3,7 @@ dynamic prior redistribution (Appendix D, Algorithm 4).
 
 One *event iteration* from the skeleton point (T_k, X_k, V_k):
 
-1. *Locally* every worker m (vmapped over the padded client data) simulates the
+1. *Locally* every worker m (on its own data) simulates the
    first event time tau_m of its own rate lambda_m (+ its privacy rate rho_m)
    by Poisson thinning against an affine bound (Appendix A), touching only its
    own potential ``U_m + alpha_m U_0 - <s_m, x>`` (alpha_m: its prior share, s_m: the
@@ -13,7 +13,10 @@ One *event iteration* from the skeleton point (T_k, X_k, V_k):
 2. *Centrally* the server takes the minimum together with its own clocks
    (refreshment / excess switching, prior redistribution, the next sample time)
    and moves the state. A worker's search stops at the server's earliest clock
-   (``cap``): a proposal later than that could not win.
+   (``cap``): a proposal later than that could not win. In-process, where a chain's
+   workers search side by side (:func:`first_events`), a worker also stops once another
+   has accepted an earlier event, and with clients of unequal size the gradients of a
+   pass are summed over each worker's own rows rather than the padded layout.
 
 Bound violations (true rate above the bound at a proposed time) are detected at
 every proposal, counted per worker, and the worker's bound scale doubled; the
