@@ -53,6 +53,21 @@ class PaddedData:
     mask: jax.Array  # (S, max_size) float
     sizes: jax.Array  # (S,) int32
 
+    @property
+    def padding_share(self) -> float:
+        """The share of the padded rows that are padding (0 for clients of equal size)."""
+        mask = np.asarray(self.mask) > 0
+        return float(1.0 - mask.sum() / mask.size)
+
+    def unpadded(self):
+        """``(rows, owner)``: the real rows stacked client after client (device arrays) and
+        the index of each row's client (int32, sorted): the layout in which a computation over
+        every client's rows costs the real rows only, however unequal the clients."""
+        client, row = np.nonzero(np.asarray(self.mask) > 0)  # sorted by client
+        rows = jax.tree_util.tree_map(lambda leaf: device_array(np.asarray(leaf)[client, row]),
+                                      self.data)
+        return rows, device_array(client.astype(np.int32))
+
 
 class Federation:
     """Data split across clients that cannot pool it.

@@ -196,6 +196,18 @@ class FlatModel:
         """Gradient of sum_i w_i log p(x_i | theta) over a (weighted / masked) batch."""
         return jax.grad(self.log_likelihood_sum)(theta, batch, weights)
 
+    def grad_log_likelihood_per_client(self, positions: jax.Array, rows: PyTree,
+                                       owner: jax.Array) -> jax.Array:
+        """``(S, d)``: client s's gradient sum_{i owned by s} grad log p(x_i | theta_s), each at
+        its own position ``positions[s]``, from rows stacked client after client
+        (:meth:`fedmcmc.federation.PaddedData.unpadded`; ``owner`` sorted). The likelihood
+        is differentiated with respect to the positions through the row -> client gather,
+        whose transpose is a sorted segment sum: the work of the real rows only."""
+        def total(positions):
+            return jnp.sum(jax.vmap(self.log_likelihood)(positions[owner], rows))
+
+        return jax.grad(total)(positions)
+
     def unravel_draws(self, draws: jax.Array) -> PyTree:
         """Unflatten an array of draws with arbitrary leading axes (..., dim)."""
         lead = draws.shape[:-1]

@@ -41,7 +41,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..arrays import device_array
 from ..federation import PaddedData
 from ..minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
@@ -99,24 +98,16 @@ def full_gradient_fn(flat_model: FlatModel, padded: PaddedData) -> Callable:
     rows only (about 1.9x faster per iteration on that federation).
     """
     n = padded.mask.shape[0]
-    mask = np.asarray(padded.mask) > 0
-    padding = 1.0 - mask.sum() / mask.size
 
     def prior_terms(positions):
         return jax.vmap(flat_model.grad_log_prior)(positions) / n
 
-    if padding > RAGGED_ABOVE_PADDING:
-        agent_of_row, row_in_agent = np.nonzero(mask)  # sorted by agent
-        rows = jax.tree_util.tree_map(
-            lambda leaf: device_array(np.asarray(leaf)[agent_of_row, row_in_agent]), padded.data)
-        agent_index = device_array(agent_of_row, np.int32)
-
-        def total_log_likelihood(positions):
-            per_row = jax.vmap(flat_model.log_likelihood)(positions[agent_index], rows)
-            return jnp.sum(per_row)
+    if padded.padding_share > RAGGED_ABOVE_PADDING:
+        rows, agent_index = padded.unpadded()
 
         def ragged_gradients(positions):
-            return -jax.grad(total_log_likelihood)(positions) - prior_terms(positions)
+            return (-flat_model.grad_log_likelihood_per_client(positions, rows, agent_index)
+                    - prior_terms(positions))
 
         return ragged_gradients
 

@@ -104,13 +104,14 @@ def _summed_slope_bound(per_example_bound):
 
 
 #: the in-process engine sums the workers' gradients over their rows without padding when
-#: padding would add at least this share of rows (clients of unequal size)
-UNPADDED_MIN_PADDING = 0.25
+#: more than this share of the padded rows would be padding (clients of unequal size; the
+#: decentralised family's full-batch gradients use the same rule)
+UNPADDED_ABOVE_PADDING = 0.25
 
 
 def _unpadded_workers_data_grad(flat_model, padded, sizes, reference_share=None):
     """``X (M, d) -> (M, d)``: every worker's data potential gradient at its own row of ``X``,
-    summed over the real rows only (all workers' rows concatenated, one segment per worker),
+    summed over the real rows only (:meth:`~fedmcmc.model.FlatModel.grad_log_likelihood_per_client`),
     or ``None`` when the clients are of nearly equal size.
 
     The padded layout evaluates every worker on as many rows as the largest one has: with
@@ -118,24 +119,14 @@ def _unpadded_workers_data_grad(flat_model, padded, sizes, reference_share=None)
     pass's gradients were padding. Same sums as ``data_grad`` worker by worker, in another
     order. ``reference_share``: ``(precision, mean, n_total)`` of the Boomerang's reference
     potential when the data workers hold ``-n_m / N U_ref``."""
-    sizes = np.asarray(sizes, np.int64)
-    num_workers, widest = sizes.size, int(sizes.max())
-    if num_workers < 2 or num_workers * widest < (1.0 + UNPADDED_MIN_PADDING) * sizes.sum():
+    if len(sizes) < 2 or not padded.padding_share > UNPADDED_ABOVE_PADDING:
         return None
-    rows = jax.tree_util.tree_map(
-        lambda leaf: device_array(np.concatenate(
-            [np.asarray(leaf)[m, :n] for m, n in enumerate(sizes)])), padded.data)
-    segment = np.repeat(np.arange(num_workers, dtype=np.int32), sizes)
-    segment_device = device_array(segment)
-    shares = None if reference_share is None else device_array(sizes / reference_share[2])
-
-    def row_log_likelihood(theta, row):
-        return flat_model.log_likelihood_sum(theta, jax.tree_util.tree_map(lambda x: x[None], row))
+    rows, owner = padded.unpadded()
+    shares = None if reference_share is None else device_array(
+        np.asarray(sizes, np.float64) / reference_share[2])
 
     def workers_data_grad(X):
-        per_row = jax.vmap(jax.grad(row_log_likelihood))(X[segment_device], rows)
-        g = -jax.ops.segment_sum(per_row, segment_device, num_segments=num_workers,
-                                 indices_are_sorted=True)
+        g = -flat_model.grad_log_likelihood_per_client(X, rows, owner)
         if reference_share is not None:  # n_m / N of -grad U_ref
             precision, mean, _ = reference_share
             g = g - shares[:, None] * jax.vmap(lambda x: precision @ (x - mean))(X)
