@@ -438,8 +438,12 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         return g
 
     def all_grads(x, alpha):
-        g = jax.vmap(data_worker_grad, in_axes=(None, 0, 0, 0, 0, 0))(
-            x, workers.data, workers.mask, workers.g_ref, workers.cv_weight, alpha)
+        if cfg.workers_data_grad is not None:  # unequal clients: their own rows, no padding
+            g = every_worker_grad(jnp.broadcast_to(x, (M, d)), workers.data, workers.mask,
+                                  workers.g_ref, workers.cv_weight, alpha)
+        else:
+            g = jax.vmap(data_worker_grad, in_axes=(None, 0, 0, 0, 0, 0))(
+                x, workers.data, workers.mask, workers.g_ref, workers.cv_weight, alpha)
         if cfg.prior_worker:
             g = jnp.concatenate([g, prior_worker_grad(x)[None]])
         return g
