@@ -552,7 +552,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             # one cannot win (on every engine: the server has all proposals by then)
             prior_cap = jnp.minimum(cap, jnp.min(res.tau))
             pres = first_events(
-                cfg, kp[None], x, v, prior_cap, lambda y: prior_worker_grad(y), (), prior.q[None],
+                cfg, kp[None], x, v, prior_cap, prior_worker_grad, (), prior.q[None],
                 prior.l[None], prior.lw[None], jnp.ones((1, d)), jnp.zeros((1,)),
                 st.scale[M:], stop_at_earliest=False)
             res = jax.tree_util.tree_map(lambda r, p: jnp.concatenate([r, p]), res, pres)
