@@ -422,14 +422,19 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
                                                   np.ones((1, d), coords_host.dtype)]))
     refresh_total = spec.refresh_total_rate(cfg.refresh_rate, d)
 
+    def worker_potential_grad(data_gradient, x, g_ref_m, w_m, alpha_m):
+        """Worker m's gradient from the one of its data potential: plus its prior share,
+        minus its control-variate shift."""
+        g = data_gradient + alpha_m * cfg.prior_grad(x)
+        if cfg.control_variates:
+            g = g - (g_ref_m + alpha_m * prior.g_ref - w_m * prior.g_total_ref)
+        return g
+
     # jitted: its trace (the user's likelihood gradient) is made once and shared by every
     # call site (each worker's thinning loop, its first anchor, the rate diagnostics)
     @jax.jit
     def data_worker_grad(x, data_m, mask_m, g_ref_m, w_m, alpha_m):
-        g = cfg.data_grad(x, data_m, mask_m) + alpha_m * cfg.prior_grad(x)
-        if cfg.control_variates:
-            g = g - (g_ref_m + alpha_m * prior.g_ref - w_m * prior.g_total_ref)
-        return g
+        return worker_potential_grad(cfg.data_grad(x, data_m, mask_m), x, g_ref_m, w_m, alpha_m)
 
     def prior_worker_grad(x):
         g = cfg.prior_grad(x)
@@ -486,10 +491,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     def every_worker_grad(X, data, mask, g_ref, w, alpha):
         """``data_worker_grad`` of all M workers (in order) at the rows of ``X`` at once, the
         data part from ``cfg.workers_data_grad`` (no padded rows)."""
-        g = cfg.workers_data_grad(X) + alpha[:, None] * jax.vmap(cfg.prior_grad)(X)
-        if cfg.control_variates:
-            g = g - (g_ref + alpha[:, None] * prior.g_ref - w[:, None] * prior.g_total_ref)
-        return g
+        return jax.vmap(worker_potential_grad)(cfg.workers_data_grad(X), X, g_ref, w, alpha)
 
     def propose_all(keys, x, v, cap, workers_: Workers, alpha, scale, stop_at_earliest,
                     all_workers=False):
