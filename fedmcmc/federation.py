@@ -45,6 +45,12 @@ class ConcatenatedData:
     sizes: jax.Array  # (S,) int32
 
 
+#: a computation over every client's rows uses :meth:`PaddedData.unpadded` when more than this
+#: share of the padded rows would be padding (clients of unequal size): the decentralised
+#: full-batch gradients and Fed-PDMC's in-process thinning
+UNPADDED_ABOVE_PADDING = 0.25
+
+
 @dataclasses.dataclass(frozen=True)
 class PaddedData:
     """Clients stacked on a leading axis and padded to the largest client; ``mask`` is 1 on real rows."""
@@ -58,6 +64,11 @@ class PaddedData:
         """The share of the padded rows that are padding (0 for clients of equal size)."""
         mask = np.asarray(self.mask) > 0
         return float(1.0 - mask.sum() / mask.size)
+
+    @property
+    def mostly_padding(self) -> bool:
+        """Whether :meth:`unpadded` saves work: padding above :data:`UNPADDED_ABOVE_PADDING`."""
+        return self.padding_share > UNPADDED_ABOVE_PADDING
 
     def unpadded(self):
         """``(rows, owner)``: the real rows stacked client after client (device arrays) and

@@ -6,8 +6,8 @@ Two things need a row outside the process that schedules it:
   budget is spent, but one chunk can take minutes (one draw of Fed Boomerang under client
   drift took 115-175 s on the development machine before its workers' searches stopped at
   the earliest proposal; a slow model or a large ``sample_interval`` can still do it). A row
-  whose worker is still busy ``grace`` seconds after its budget is stopped by ending the worker's process; its verdict
-  says it lost on time, and a fresh worker takes the next row.
+  whose worker is still busy ``grace`` seconds after its budget is stopped by ending the
+  worker's process; its verdict says it lost on time, and a fresh worker takes the next row.
 * **several rows at once.** Most of a small row is XLA compilation, which runs on one core:
   ``jobs=2`` on 2 cores nearly halves the wall time of ``fedmcmc bench --quick``. Rows then
   share the machine, so their wall times (and ESS per second) include that contention; the

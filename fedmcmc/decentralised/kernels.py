@@ -81,17 +81,12 @@ class GTDULAState(NamedTuple):
 
 
 # ------------------------------------------------------------------ gradients
-#: the full-batch gradients use the ragged layout when padding would be more than this
-#: fraction of the padded rows (agents of very unequal size)
-RAGGED_ABOVE_PADDING = 0.25
-
-
 def full_gradient_fn(flat_model: FlatModel, padded: PaddedData) -> Callable:
     """``positions (n, d) -> (grad E_i(w_i))_i``: exact local gradients on each agent's full data.
 
     grad E_i(w) = -grad log p(X_i | w) - (1/n) grad log p(w) (section 2). Agents of equal
     size use the padded layout (padded rows have weight 0). When padding would exceed
-    ``RAGGED_ABOVE_PADDING`` of the rows (60 districts of 2 to 118 rows: 73%), the real rows
+    ``fedmcmc.federation.UNPADDED_ABOVE_PADDING`` of the rows (60 districts of 2 to 118 rows: 73%), the real rows
     are stacked once with the index of their agent and the likelihood is differentiated with
     respect to the (n, d) positions through the row -> agent gather (the transpose is a
     sorted segment sum): the same gradients to float rounding, with the work of the real
@@ -102,7 +97,7 @@ def full_gradient_fn(flat_model: FlatModel, padded: PaddedData) -> Callable:
     def prior_terms(positions):
         return jax.vmap(flat_model.grad_log_prior)(positions) / n
 
-    if padded.padding_share > RAGGED_ABOVE_PADDING:
+    if padded.mostly_padding:
         rows, agent_index = padded.unpadded()
 
         def ragged_gradients(positions):

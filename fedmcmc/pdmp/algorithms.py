@@ -103,23 +103,18 @@ def _summed_slope_bound(per_example_bound):
     return custom_slope
 
 
-#: the in-process engine sums the workers' gradients over their rows without padding when
-#: more than this share of the padded rows would be padding (clients of unequal size; the
-#: decentralised family's full-batch gradients use the same rule)
-UNPADDED_ABOVE_PADDING = 0.25
-
-
 def _unpadded_workers_data_grad(flat_model, padded, sizes, reference_share=None):
     """``X (M, d) -> (M, d)``: every worker's data potential gradient at its own row of ``X``,
-    summed over the real rows only (:meth:`~fedmcmc.model.FlatModel.grad_log_likelihood_per_client`),
-    or ``None`` when the clients are of nearly equal size.
+    summed over the real rows only
+    (:meth:`~fedmcmc.model.FlatModel.grad_log_likelihood_per_client`), or ``None`` when the
+    clients are of nearly equal size (``PaddedData.mostly_padding`` false).
 
     The padded layout evaluates every worker on as many rows as the largest one has: with
     clients of very unequal size (1/rank sizes, 64 workers: 13x the rows) most of a thinning
     pass's gradients were padding. Same sums as ``data_grad`` worker by worker, in another
     order. ``reference_share``: ``(precision, mean, n_total)`` of the Boomerang's reference
     potential when the data workers hold ``-n_m / N U_ref``."""
-    if len(sizes) < 2 or not padded.padding_share > UNPADDED_ABOVE_PADDING:
+    if not padded.mostly_padding:
         return None
     rows, owner = padded.unpadded()
     shares = None if reference_share is None else device_array(
@@ -527,7 +522,8 @@ class _FedPDMP(Algorithm):
         cfg = federated.FedConfig(
             spec=spec, dim=d, num_workers=M, prior_worker=self.prior != "split",
             exact=(mode == "exact"), data_grad=data_grad, prior_grad=prior_grad,
-            workers_data_grad=workers_data_grad, custom_slope=custom_slope, horizon=horizon, refresh_rate=self.refresh_rate,
+            workers_data_grad=workers_data_grad, custom_slope=custom_slope, horizon=horizon,
+            refresh_rate=self.refresh_rate,
             redistribution_rate=self.redistribution_rate, control_variates=cv is not False,
             reference=reference, max_thinning=self.max_thinning,
             max_iterations_per_draw=self.max_events_per_draw, skeleton_size=skeleton_size,

@@ -389,6 +389,7 @@ def test_per_client_gradients_from_unpadded_rows_equal_the_padded_sums(monkeypat
     agree between their two layouts. Cars93 by manufacturer: 32 clients of 1-8 rows."""
     from toy_problems import cars93_federation
 
+    from fedmcmc import federation as federation_module
     from fedmcmc.decentralised import kernels
 
     federation = cars93_federation()
@@ -404,7 +405,8 @@ def test_per_client_gradients_from_unpadded_rows_equal_the_padded_sums(monkeypat
     per_client = flat.grad_log_likelihood_per_client(positions, rows, owner)
     padded_sums = jax.vmap(flat.grad_log_likelihood_sum)(positions, padded.data, padded.mask)
     np.testing.assert_allclose(per_client, padded_sums, rtol=2e-5, atol=1e-4)
+    assert padded.mostly_padding
     ragged = kernels.full_gradient_fn(flat, padded)(positions)
-    monkeypatch.setattr(kernels, "RAGGED_ABOVE_PADDING", 1.0)  # force the padded layout
+    monkeypatch.setattr(federation_module, "UNPADDED_ABOVE_PADDING", 1.0)  # padded layout
     np.testing.assert_allclose(ragged, kernels.full_gradient_fn(flat, padded)(positions),
                                rtol=2e-5, atol=1e-4)
