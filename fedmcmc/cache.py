@@ -235,7 +235,7 @@ def first_on_node(*key_parts: Any, max_wait: float = 600.0, poll: float = 0.05
         yield False
         return
     with handle:
-        waited, deadline = False, time.monotonic() + max_wait
+        deadline = time.monotonic() + max_wait
         locked = False
         while True:
             try:
@@ -243,18 +243,15 @@ def first_on_node(*key_parts: Any, max_wait: float = 600.0, poll: float = 0.05
                 locked = True
                 break
             except BlockingIOError:
-                waited = True
                 if time.monotonic() > deadline:
                     break
                 time.sleep(poll)
-        first = locked and not marker.exists() and not waited
+        # holding the lock without a marker: nobody did the work yet, or the first failed
+        # (then this one becomes first for the ones still waiting)
+        first = locked and not marker.exists()
         if locked and not first:
-            fcntl.flock(handle, fcntl.LOCK_UN)  # the work is done (or the first failed):
-            locked = False                      # go on together with the others
-            if waited and not marker.exists():
-                # the first failed: this one becomes first for the next ones
-                first = _relock(handle)
-                locked = first
+            fcntl.flock(handle, fcntl.LOCK_UN)  # the work is done: go on with the others
+            locked = False
         try:
             yield first
             if first:
@@ -263,14 +260,6 @@ def first_on_node(*key_parts: Any, max_wait: float = 600.0, poll: float = 0.05
         finally:
             if locked:
                 fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _relock(handle) -> bool:
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
 
 
 def _warn_once(message: str) -> None:
