@@ -33,7 +33,6 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import networkx as nx
 import numpy as np
 
 from ..callsite import user_stacklevel
@@ -99,6 +98,8 @@ def _check_graph(graph: Any) -> Any:
                 f"graph must be one of {graph_module.GRAPH_NAMES} or a networkx graph, got {graph!r}"
             )
         return graph
+    import networkx as nx  # not at module level: see graphs.py
+
     if isinstance(graph, nx.Graph):
         graph_module.check_graph(graph)
         return graph

@@ -22,10 +22,9 @@ the Lyapunov equation has a unique solution.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
-import scipy.linalg
 
 __all__ = [
     "consensus_error",
@@ -198,6 +197,8 @@ def _recursion(problem: QuadraticProblem, laplacian: np.ndarray, step_size: floa
     e update (e_{k+1} = W_gamma e_k - gamma (L (x) I) g_hat_k) with the same eps_k.
     """
     A_blocks, b_blocks = np.asarray(problem.A, np.float64), np.asarray(problem.b, np.float64)
+    import scipy.linalg  # here, not at import: `import fedmcmc` does without scipy
+
     n, dim = problem.n, problem.dim
     lap = np.asarray(laplacian, dtype=np.float64)
     if lap.shape != (n, n):
@@ -281,6 +282,8 @@ def stationary_distribution(
             + f": the recursion is unstable (spectral radius {radius:.6g} >= 1); no stationary law"
         )
     mean = np.linalg.solve(np.eye(F.shape[0]) - F, c)
+    import scipy.linalg
+
     cov = scipy.linalg.solve_discrete_lyapunov(F, Q)
     cov = 0.5 * (cov + cov.T)
 

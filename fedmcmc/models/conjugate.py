@@ -15,12 +15,11 @@ exact event times) and carry ``hessian_bound`` (per example, elementwise) and
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import special
 
 from ..model import Model
 from ._common import LOG_2PI, as_matrix, as_vector, pooled, positive_float, positive_int
@@ -145,6 +144,8 @@ def bernoulli(*, a: float = 1.0, b: float = 1.0, parametrization: str = "logit")
     b = positive_float(b, "b")
     if parametrization not in ("logit", "probability"):
         raise ValueError(f"parametrization must be 'logit' or 'probability', got {parametrization!r}")
+    from scipy import special  # here, not at import: `import fedmcmc` does without scipy
+
     log_beta = float(special.betaln(a, b))
 
     if parametrization == "logit":

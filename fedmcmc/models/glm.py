@@ -20,7 +20,7 @@ import numpy as np
 from jax.scipy.special import gammaln
 
 from ..model import Model
-from ._common import gaussian_log_prior, pooled, positive_float, positive_int
+from ._common import gaussian_log_prior, positive_float, positive_int
 
 __all__ = ["logistic_regression", "poisson_regression"]
 

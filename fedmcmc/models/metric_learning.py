@@ -24,7 +24,7 @@ dissimilar pairs from labelled inputs, with no class shared between clients.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -3,12 +3,15 @@
 * ``lint-imports`` (import-linter, contracts in ``pyproject.toml``): the core imports no
   family, engine, CLI or reproduction, and the families are independent of each other.
 * No private name (``_x``) is imported from another fedmcmc module.
+* ``import fedmcmc`` loads no library that only some functions need (issue 18: every Ray
+  client process imports fedmcmc, and 30 of them share two cores).
 """
 
 import ast
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -35,6 +38,19 @@ def private_imports():
                     if alias.name.startswith("_") and not alias.name.startswith("__"):
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno} {alias.name}")
     return found
+
+
+#: imported by the functions that need them, not by ``import fedmcmc`` (~0.35 s of 0.9 s)
+LAZY_LIBRARIES = ("networkx", "scipy", "arviz", "matplotlib", "pandas", "ray", "rich")
+
+
+def test_import_fedmcmc_does_not_load_libraries_only_some_functions_need():
+    probe = ("import sys, fedmcmc; "
+             f"print(' '.join(m for m in {LAZY_LIBRARIES!r} if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == []
 
 
 def test_no_private_name_is_imported_from_another_module():
