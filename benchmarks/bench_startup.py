@@ -21,6 +21,10 @@ the seconds spent tracing, lowering and compiling-or-loading.
 default here: one actor per CPU; ``default``: the engine's default, one actor per client; or
 N) after a warm
 local run, cold and warm cache, each in a fresh process; Ray's own start is included.
+With it, ``floor``: a fresh process that starts Ray the same way and as many actors as the
+run had, each only importing fedmcmc (hence JAX) and running one tiny compiled operation:
+what the processes alone cost, before any client work. Its ratio to the local engine's warm
+run is the lowest any set-up with one process per actor can reach on this machine.
 
     python benchmarks/bench_startup.py
     python benchmarks/bench_startup.py --repeats 3 --ray
@@ -111,6 +115,47 @@ print(json.dumps({
 """
 
 
+# ``--ray``'s floor: Ray started as engine="ray" starts it, ``sys.argv[1]`` actors that each
+# import fedmcmc and run one compiled operation; seconds from after `import fedmcmc` to all ready
+FLOOR_CHILD = r"""
+import json, sys, time
+started = time.perf_counter()
+import fedmcmc as fm
+imported = time.perf_counter()
+from fedmcmc.engines.ray_security import import_ray, ray_session
+
+class Bare:
+    def __init__(self):
+        import fedmcmc  # what a client actor imports when its endpoint is unpickled
+        import jax.numpy as jnp
+        jnp.zeros(3).block_until_ready()
+
+    def ready(self):
+        return True
+
+with ray_session(None, None, False):
+    ray = import_ray()
+    host = ray.remote(Bare)
+    actors = [host.options(num_cpus=0, max_restarts=0).remote() for _ in range(int(sys.argv[1]))]
+    ray.get([actor.ready.remote() for actor in actors])
+    finished = time.perf_counter()
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+print(json.dumps({"import": imported - started, "run": finished - imported}))
+"""
+
+
+def floor(actors: int, cache_dir: str) -> dict:
+    """The processes' own cost: :data:`FLOOR_CHILD` in a fresh process (warm cache)."""
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", FEDMCMC_COMPILATION_CACHE="1",
+               FEDMCMC_CACHE_DIR=cache_dir)
+    out = subprocess.run([sys.executable, "-c", FLOOR_CHILD, str(actors)], env=env,
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"floor with {actors} actors failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def child(family: str, engine: str, mode: str, cache_dir: str | None,
           clients_per_actor: str = "default") -> dict:
     """Run one fresh process; ``mode`` is off, cold or warm."""
@@ -188,6 +233,14 @@ def main() -> None:
             print(f"  Ray / local, {mode} cache: "
                   f"{ray[mode]['run']:.2f} / {local[mode]['run']:.2f} s = "
                   f"{ray[mode]['run'] / local[mode]['run']:.1f}x")
+        actors = ray["cold"]["actors"]
+        with tempfile.TemporaryDirectory(prefix="fedmcmc-bench-cache-") as cache_dir:
+            floor(actors, cache_dir)  # fills the cache with the tiny operation
+            bare = min((floor(actors, cache_dir) for _ in range(args.repeats)),
+                       key=lambda f: f["run"])
+        print(f"  floor: Ray start and {actors} actors importing fedmcmc, nothing else: "
+              f"{bare['run']:.2f} s = {bare['run'] / local['warm']['run']:.1f}x the local "
+              "engine's warm run")
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}; "
           f"benchmark wall time {time.perf_counter() - started:.0f} s")
 
