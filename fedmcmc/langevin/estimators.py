@@ -175,7 +175,8 @@ def estimator_moments(flat_model: FlatModel, data: ConcatenatedData, client, cli
             alpha * conducive_gradient(theta, client, client_weight, surrogates, global_surrogate)
         )
 
-    values = jax.vmap(estimate)(jax.random.split(key, probes))
+    # lax.map over the probes: compiles in about half the time of vmap (step_size.client_noise)
+    values = jax.lax.map(estimate, jax.random.split(key, probes))
     return jnp.mean(values, axis=0), jnp.mean(jnp.sum(values * values, axis=-1))
 
 

@@ -123,16 +123,21 @@ def client_noise(estimate, center, points, key, probes: int, full: bool):
     between clients). ``estimate(theta, key) -> (d,)``."""
     key_pairs, key_center = jax.random.split(key)
 
-    def pair(theta, pair_key):
+    def pair(point_and_key):
+        theta, pair_key = point_and_key
         first, second = jax.random.split(pair_key)
         difference = estimate(theta, first) - estimate(theta, second)
         if full:
             return 0.5 * jnp.outer(difference, difference)
         return 0.5 * jnp.sum(difference * difference)
 
-    within = jnp.mean(jax.vmap(pair)(points, jax.random.split(key_pairs, points.shape[0])), axis=0)
-    mean = jnp.mean(jax.vmap(lambda k: estimate(center, k))(jax.random.split(key_center, probes)),
-                    axis=0)
+    # lax.map, not vmap, over the points and the probes: the same values bit for bit and about
+    # as fast, in half the compilation time (1.9 -> 0.9 s for 12 clients; vmapped minibatch
+    # gathers and gradients inside the engines' vmap over clients are slow to compile)
+    within = jnp.mean(jax.lax.map(pair, (points, jax.random.split(key_pairs, points.shape[0]))),
+                      axis=0)
+    mean = jnp.mean(jax.lax.map(lambda k: estimate(center, k),
+                                jax.random.split(key_center, probes)), axis=0)
     return within, mean
 
 
