@@ -10,7 +10,8 @@ the draws in hand (the issue's "time to first draw"); the import itself is print
   directory): every program compiled and written;
 * ``warm`` -- the same directory again, in another new process: programs read back.
 
-For each family (FSGLD with its default Laplace surrogates, Fed Zig-Zag) the three are run in
+For each family (FSGLD with its default Laplace surrogates, Fed Zig-Zag; ``--families
+FSGLD-auto``: FSGLD with ``step_size="auto"``) the three are run in
 turn ``--repeats`` times (default 2; a fresh directory for every cold run) and the fastest of
 each is kept. Printed: seconds, the ratios warm/cold and cold/off, and from JAX's monitoring
 events how many programs the run compiled or loaded, how many of those were cache hits, and
@@ -44,6 +45,9 @@ import tempfile
 import time
 
 FAMILIES = ("FSGLD", "FedZigZag")
+#: ``--families`` may also name these (not run by default): FSGLD with ``step_size="auto"``,
+#: whose set-up compiles the clients' noise statistics
+EXTRA_FAMILIES = ("FSGLD-auto",)
 #: ``--ray-problem table1``: the issue's case, FSGLD Table 1's small-client set-up (30 clients,
 #: MLP 18-18-8, SGLD surrogates of 3,000 draws per client) on 335 generated rows per client
 RAY_PROBLEMS = ("toy", "table1")
@@ -94,6 +98,7 @@ if family != "FSGLD-table1":
   init = {"w": jnp.zeros(3), "b": jnp.zeros(())}
   algorithm = {
     "FSGLD": fm.FSGLD(step_size=1e-3, batch_size=20, local_steps=10),
+    "FSGLD-auto": fm.FSGLD(step_size="auto", batch_size=20, local_steps=10),
     "FedZigZag": fm.FedZigZag(sample_interval=0.5),
   }[family]
 result = fm.sample(model, federation, algorithm, init=init, seed=0, progress=False, engine=engine,
@@ -204,7 +209,8 @@ def show(label: str, best: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES),
+                        choices=FAMILIES + EXTRA_FAMILIES)
     parser.add_argument("--ray", action="store_true", help="also Ray set-up against local")
     parser.add_argument("--ray-problem", default="toy", choices=RAY_PROBLEMS,
                         help="with --ray: the 4-client toy (default) or FSGLD Table 1's 30 clients")
