@@ -13,7 +13,8 @@ general model gets). ESS is ArviZ's bulk ESS (minimum over coordinates) of the
 positions at unit time steps, computed the same way for both. Then Fed Zig-Zag
 on logistic regression (N = 10,000, d = 5) with 1, 4, 16, 64 workers: wall time
 per event of the compiled draw loop (in-process engine, a chain's workers side by side),
-with equal client sizes and one chain, then client sizes ~ 1/rank and 4 chains.
+with equal client sizes and one chain, then client sizes ~ 1/rank and 4 chains; and on
+Bayesian linear regression (exact event times) with sizes ~ 1/rank and 4 chains.
 """
 
 from __future__ import annotations
@@ -87,11 +88,21 @@ def theirs(kind, d, events):
     return events / seconds, min_ess(draws[len(draws) // 10:]) / seconds, seconds
 
 
-def per_event_cost(workers, draws, unequal=False, chains=1):
+def per_event_cost(workers, draws, unequal=False, chains=1, exact=False):
     """Seconds per event, events per unit time, rejections and thinning proposals per event
     of Fed Zig-Zag's compiled draw loop. ``unequal``: client sizes proportional to 1/rank
-    (Zipf) instead of equal; ``chains`` vmapped (they advance in lock-step)."""
-    clients, _ = models.logistic_data(0, 10_000, 5, num_workers=1 if unequal else workers)
+    (Zipf) instead of equal; ``chains`` vmapped (they advance in lock-step). ``exact``:
+    Bayesian linear regression (a quadratic potential: exact event times, no thinning)
+    instead of logistic regression."""
+    if exact:
+        rows, _ = fm.models.synthetic.linear_regression_data(10_000, 5, noise_std=1.0, seed=0)
+        clients = [rows] if unequal else [
+            {k: v for k, v in zip(rows, parts)}
+            for parts in zip(*(np.array_split(value, workers) for value in rows.values()))]
+        model = fm.models.linear_regression(5, noise_std=1.0)
+    else:
+        clients, _ = models.logistic_data(0, 10_000, 5, num_workers=1 if unequal else workers)
+        model = models.logistic_model()
     if unequal:
         weights = 1.0 / np.arange(1, workers + 1)
         bounds = np.round(np.cumsum(weights) / weights.sum() * 10_000).astype(int)[:-1]
@@ -100,7 +111,7 @@ def per_event_cost(workers, draws, unequal=False, chains=1):
     fed = fm.Federation(clients)
     alg = fm.FedZigZag(sample_interval=0.01)
     with jax.enable_x64(True):
-        cfg, draw_step, states, key, *_ = alg.build(models.logistic_model(), fed,
+        cfg, draw_step, states, key, *_ = alg.build(model, fed,
                                                     np.zeros(5, np.float32), chains=chains,
                                                     rate_diagnostics=False)
 
@@ -112,6 +123,7 @@ def per_event_cost(workers, draws, unequal=False, chains=1):
             return jax.lax.scan(one_draw, states, keys)[0]
 
         final, seconds = timed_twice(run, states, jax.random.split(key, draws))
+    final = jax.tree_util.tree_map(np.asarray, final)  # float64 sums outside the x64 context
     events = int(final.events.sum() + final.excess_events.sum())
     per_event = lambda total: float(total) / max(events, 1)  # noqa: E731
     return (seconds / max(events, 1), events / float(final.t.sum()),
@@ -137,13 +149,15 @@ def main():
                   f"exact {ev_x:9.0f} ev/s {ess_x:9.1f} ESS/s (x{ev_x / ev_ref:.2f}, x{ess_x / ess_ref:.2f})"
                   f" | thinning {ev_t:9.0f} ev/s {ess_t:9.1f} ESS/s (x{ev_t / ev_ref:.2f}, "
                   f"x{ess_t / ess_ref:.2f})", flush=True)
-    print("Fed Zig-Zag, logistic regression N=10,000, d=5, Hessian bound (in-process, compiled)")
-    for unequal, chains in ((False, 1), (True, 4)):
-        print(f"{'client sizes ~ 1/rank' if unequal else 'equal client sizes'}, {chains} "
+    print("Fed Zig-Zag, N=10,000, d=5 (in-process, compiled): logistic regression with the "
+          "Hessian bound, then linear regression (exact event times)")
+    for unequal, chains, exact in ((False, 1, False), (True, 4, False), (True, 4, True)):
+        print(f"{'linear' if exact else 'logistic'} regression, "
+              f"{'client sizes ~ 1/rank' if unequal else 'equal client sizes'}, {chains} "
               f"chain{'s' if chains > 1 else ''}")
         for m in (1, 4, 16, 64):
             cost, rate, rejections, proposals = per_event_cost(
-                m, 100 if args.quick else 500, unequal=unequal, chains=chains)
+                m, 100 if args.quick else 500, unequal=unequal, chains=chains, exact=exact)
             print(f"M={m:3d}: {1e6 * cost:9.1f} us/event, switching rate {rate:.0f}/unit time, "
                   f"rejections/event {rejections:.2f}, thinning proposals/event {proposals:.2f}",
                   flush=True)

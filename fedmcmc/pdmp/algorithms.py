@@ -103,18 +103,29 @@ def _summed_slope_bound(per_example_bound):
     return custom_slope
 
 
-def _unpadded_workers_data_grad(flat_model, padded, sizes, reference_share=None):
+#: exact event times (quadratic potentials) take the unpadded layout above this share of
+#: padding only: per event they need one gradient and one Hessian-vector product, for which
+#: the unpadded layout's row gather and its transpose, a segment sum, cost about as much as
+#: padding up to half the rows (``benchmarks/bench_pdmp.py --federated-only``, linear
+#: regression with sizes ~ 1/rank: 4 workers, 48% padding, 119 us/event padded against
+#: 145-155 unpadded; 16 workers, 79%, 216 -> 144; 64 workers, 92%, 610 -> 126)
+EXACT_UNPADDED_ABOVE_PADDING = 0.6
+
+
+def _unpadded_workers_data_grad(flat_model, padded, sizes, reference_share=None, exact=False):
     """``X (M, d) -> (M, d)``: every worker's data potential gradient at its own row of ``X``,
     summed over the real rows only
     (:meth:`~fedmcmc.model.FlatModel.grad_log_likelihood_per_client`), or ``None`` when the
-    clients are of nearly equal size (``PaddedData.mostly_padding`` false).
+    clients are of nearly equal size (``PaddedData.mostly_padding`` false; with ``exact``
+    event times, padding at most :data:`EXACT_UNPADDED_ABOVE_PADDING`).
 
     The padded layout evaluates every worker on as many rows as the largest one has: with
     clients of very unequal size (1/rank sizes, 64 workers: 13x the rows) most of a thinning
     pass's gradients were padding. Same sums as ``data_grad`` worker by worker, in another
     order. ``reference_share``: ``(precision, mean, n_total)`` of the Boomerang's reference
     potential when the data workers hold ``-n_m / N U_ref``."""
-    if not padded.mostly_padding:
+    if not padded.mostly_padding or (exact
+                                     and padded.padding_share <= EXACT_UNPADDED_ABOVE_PADDING):
         return None
     rows, owner = padded.unpadded()
     shares = None if reference_share is None else device_array(
@@ -510,7 +521,8 @@ class _FedPDMP(Algorithm):
         if isinstance(workers_access, LocalWorkers):
             workers_data_grad = _unpadded_workers_data_grad(
                 flat_model, workers_access.padded, sizes,
-                None if ref_share is None else (ref_precision, reference.mean, n_total))
+                None if ref_share is None else (ref_precision, reference.mean, n_total),
+                exact=(mode == "exact"))
         # rows a thinning pass evaluates: the padded layout, or every worker's own rows
         info["gradient_layout"] = "padded" if workers_data_grad is None else "unpadded"
 

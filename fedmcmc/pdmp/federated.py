@@ -203,16 +203,32 @@ def _exp_time(key, rate):
     return jnp.where(rate > 0, e / jnp.where(rate > 0, rate, 1.0), jnp.inf)
 
 
-def _exact_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, grad_args, q, l, lw, coords,
-                       rho, scale):
+def _exact_gradients(x0, v0, grad_fn, grad_args, proposers: int, lanes_grad=None):
+    """Each proposer's potential gradient ``g0`` at ``x0`` and its Hessian-vector product
+    ``hv`` along ``v0`` (leading axis L): one gradient and one forward-mode derivative per
+    proposer, or with ``lanes_grad`` (the in-process engine's unpadded rows) one of each for
+    all ``proposers`` at once."""
+    if lanes_grad is not None:
+        shape = (proposers,) + x0.shape
+        X0, V0 = jnp.broadcast_to(x0, shape), jnp.broadcast_to(v0, shape)
+        return jax.jvp(lambda X: lanes_grad(X, *grad_args), (X0,), (V0,))
+
+    def one(args):
+        grad = lambda y: grad_fn(y, *args)  # noqa: E731
+        return grad(x0), jax.jvp(grad, (x0,), (v0,))[1]
+
+    # axis_size: a proposer may have no arguments (the prior's own channels)
+    return jax.vmap(one, axis_size=proposers)(grad_args)
+
+
+def _exact_first_event(cfg: FedConfig, key, x0, v0, cap, g0, hv, q, l, lw, coords, rho,
+                       scale):
     """F.1 for one proposer of a quadratic potential: its rate is exactly ``(a + b t)_+``
     along the flow, so its first event time is the inverse of the integrated rate (no
-    thinning). Returns its :class:`WorkerProposal`."""
+    thinning). ``g0``, ``hv``: its gradient at ``x0`` and Hessian-vector product along ``v0``
+    (:func:`_exact_gradients`). Returns its :class:`WorkerProposal`."""
     spec, ref = cfg.spec, cfg.reference
     C = spec.channels(cfg.dim)
-    grad = lambda y: grad_fn(y, *grad_args)  # noqa: E731
-    g0 = grad(x0)
-    hv = jax.jvp(grad, (x0,), (v0,))[1]
     a0, b0 = spec.anchor(x0, v0, g0, hv, q, l, lw, coords, ref, True)
     k1, k2 = split_key(key)
     tc = affine_first_time(a0, b0, exponential64(k1, (C,)))
@@ -280,8 +296,11 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
     C = spec.channels(cfg.dim)
     lanes = (keys, grad_args, q, l, lw, coords, rho, scale)
     if cfg.exact:
-        return jax.vmap(lambda lane: _exact_first_event(cfg, lane[0], x0, v0, cap, grad_fn,
-                                                        *lane[1:]))(lanes)
+        gradients0, products = _exact_gradients(x0, v0, grad_fn, grad_args, keys.shape[0],
+                                                lanes_grad)
+        return jax.vmap(lambda lane, g0, hv: _exact_first_event(cfg, lane[0], x0, v0, cap, g0,
+                                                                hv, *lane[2:]))(
+            lanes, gradients0, products)
     single = keys.shape[0] == 1
 
     def gradients(X):

@@ -56,10 +56,11 @@ def test_cars93_with_the_likelihood_scaled_wrong_is_rejected(make):
 
 
 def test_unpadded_gradients_give_the_workers_own_proposals():
-    """The in-process engine's thinning takes all workers' gradients at once from their
-    unpadded rows; its proposals must be those of each worker's own padded sums (what a
-    distributed worker computes): same channels and kinds, times and gradients to rounding.
-    With the Boomerang's share of the reference potential, and with control variates."""
+    """The in-process engine takes all workers' gradients at once from their unpadded rows
+    (thinning passes; in exact mode the gradients and Hessian-vector products at the start);
+    its proposals must be those of each worker's own padded sums (what a distributed worker
+    computes): same channels and kinds, times and gradients to rounding. With the
+    Boomerang's share of the reference potential, with control variates, and exact."""
     import jax
 
     from fedmcmc.rng import split_key
@@ -68,15 +69,17 @@ def test_unpadded_gradients_give_the_workers_own_proposals():
     model = fm.models.linear_regression(3, noise_std=NOISE_SD)
     M, states = federation.num_clients, 64
     rng = np.random.default_rng(0)
-    for algorithm in (fm.FedBoomerang(0.5, refresh_rate=0.5, prior="server"),
-                      fm.FedZigZag(0.5, bound="estimate", control_variates=True)):
+    for algorithm, exact in ((fm.FedBoomerang(0.5, refresh_rate=0.5, prior="server"), False),
+                             (fm.FedZigZag(0.5, bound="estimate", control_variates=True), False),
+                             (fm.FedZigZag(0.5), True), (fm.FedBPS(0.5), True)):
         with jax.enable_x64(True):
             built = algorithm.build(model, federation, np.zeros(3, np.float32),
                                     with_protocol=True)
             assert built.info["gradient_layout"] == "unpadded"
+            assert built.config.exact == exact
             # prior on the server: the Boomerang's data workers hold -n_m / N of the reference
             # potential
-            assert built.config.prior_worker
+            assert built.config.prior_worker or exact
             workers = built.workers
             x = rng.normal(0.0, 0.5, (states, 3))
             v = rng.normal(0.0, 1.0, (states, 3)) if algorithm.name != "FedZigZag" else \
