@@ -196,9 +196,9 @@ def _recursion(problem: QuadraticProblem, laplacian: np.ndarray, step_size: floa
     g_hat_k = A w_k - b + eps_k enters the w update of step k and, for GT-DULA, the
     e update (e_{k+1} = W_gamma e_k - gamma (L (x) I) g_hat_k) with the same eps_k.
     """
-    A_blocks, b_blocks = np.asarray(problem.A, np.float64), np.asarray(problem.b, np.float64)
     import scipy.linalg  # here, not at import: `import fedmcmc` does without scipy
 
+    A_blocks, b_blocks = np.asarray(problem.A, np.float64), np.asarray(problem.b, np.float64)
     n, dim = problem.n, problem.dim
     lap = np.asarray(laplacian, dtype=np.float64)
     if lap.shape != (n, n):
@@ -282,7 +282,7 @@ def stationary_distribution(
             + f": the recursion is unstable (spectral radius {radius:.6g} >= 1); no stationary law"
         )
     mean = np.linalg.solve(np.eye(F.shape[0]) - F, c)
-    import scipy.linalg
+    import scipy.linalg  # not at import (see _recursion)
 
     cov = scipy.linalg.solve_discrete_lyapunov(F, Q)
     cov = 0.5 * (cov + cov.T)

@@ -131,9 +131,9 @@ def client_noise(estimate, center, points, key, probes: int, full: bool):
             return 0.5 * jnp.outer(difference, difference)
         return 0.5 * jnp.sum(difference * difference)
 
-    # lax.map, not vmap, over the points and the probes: the same values bit for bit and about
-    # as fast, in half the compilation time (1.9 -> 0.9 s for 12 clients; vmapped minibatch
-    # gathers and gradients inside the engines' vmap over clients are slow to compile)
+    # lax.map, not vmap, over the points and the probes: the same values, about as fast, and
+    # compiled in about half the time (vmapped minibatch gathers and gradients inside the
+    # engines' vmap over clients are slow to compile; bench_startup --families FSGLD-auto)
     within = jnp.mean(jax.lax.map(pair, (points, jax.random.split(key_pairs, points.shape[0]))),
                       axis=0)
     mean = jnp.mean(jax.lax.map(lambda k: estimate(center, k),
