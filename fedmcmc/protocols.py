@@ -31,7 +31,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from .arrays import device_array
 from .federation import ConcatenatedData
 from .model import FlatModel
 
@@ -67,9 +69,11 @@ def client_context(index: int, data: Any, size: int, model, init: Any, num_clien
     """The :class:`ClientContext` of client ``index`` holding ``data`` (``size`` rows), as
     every engine's client endpoint builds it: the rows as loaded and in the kernels'
     one-client layout, the model flattened at ``init``, an empty ``store``."""
-    layout = ConcatenatedData(data=jax.tree_util.tree_map(jnp.asarray, data),
-                              offsets=jnp.zeros((1,), jnp.int32),
-                              sizes=jnp.full((1,), size, jnp.int32))
+    # host -> device without eager programs (each would be traced, lowered and compiled or
+    # loaded in every new client process)
+    layout = ConcatenatedData(data=jax.tree_util.tree_map(device_array, data),
+                              offsets=device_array(np.zeros((1,), np.int32)),
+                              sizes=device_array(np.full((1,), size, np.int32)))
     return ClientContext(index=int(index), flat_model=model.flatten(init), model=model,
                          init=init, data=layout, raw_data=data, size=int(size),
                          num_clients=int(num_clients), seed=int(seed), store={})

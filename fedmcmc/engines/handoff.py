@@ -40,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import rng
+from ..arrays import device_array
 from ..federation import Federation, describe_client
 from ..model import unravel_draws_numpy
 from ..protocols import HandoffProtocol, ServerSide, client_context, client_function, draw_client
@@ -97,7 +99,7 @@ class HandoffClient(ClientEndpoint):
         """Set this client's update parameters (sent again after a client is dropped: f_s
         renormalised and whatever the protocol recomputes over the remaining clients)."""
         parameters = self.protocol.complete_parameters(self.context, dict(parameters))
-        parameters = {name: jnp.asarray(value) for name, value in parameters.items()}
+        parameters = {name: device_array(value) for name, value in parameters.items()}
         structure = {name: (value.shape, value.dtype) for name, value in parameters.items()}
         changed = self._visit is None or structure != getattr(self, "_structure", None)
         self.parameters, self._structure = parameters, structure
@@ -154,7 +156,7 @@ class HandoffClient(ClientEndpoint):
 
     def _new_visit(self):
         protocol, context = self.protocol, self.context
-        root = jax.random.key(self.spec["seed"])
+        root = rng.seed_key(self.spec["seed"])  # one compiled program, not two eager ones
         chains, thin, steps = self.spec["chains"], self.spec["thin"], protocol.local_steps
 
         layout = context.data
@@ -215,7 +217,7 @@ class HandoffServer:
         self.reconfigure = reconfigure
         initial_carry = tuple(np.asarray(leaf) for leaf in initial_carry)
         self.dim = dim = int(np.shape(position_of(initial_carry))[0])
-        root = jax.random.key(seed)
+        root = rng.seed_key(seed)
 
         @jax.jit
         def next_client(chain, t, cumulative):

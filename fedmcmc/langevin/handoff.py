@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import rng
 from .. import surrogates as surrogate_module
+from ..arrays import device_array
 from ..federation import Federation
 from ..model import Model
 from ..protocols import ClientContext, HandoffProtocol, ServerSide
@@ -94,8 +95,17 @@ def _own_share(context: ClientContext, theta0):
     S the number of clients, as ``surrogates.fit_laplace`` of the whole federation) and a
     federation of its own rows only."""
     share = _share_model(context.model, context.num_clients)
-    flat_share = share.flatten(context.flat_model.unravel(jnp.asarray(theta0)))
+    # flattened at the run's initial pytree: a FlatModel depends on the parameter structure
+    # only, and unravelling theta0 eagerly would compile small slicing programs
+    flat_share = share.flatten(context.init)
     return flat_share, Federation([context.raw_data])
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _client_fit_key(root, num_clients: int, index):
+    """``split(root, S)[index]`` as a batch of one key: the key the in-process fit gives
+    client ``index`` (one compiled call instead of eager split and indexing)."""
+    return jax.random.split(root, num_clients)[index][None]
 
 
 class DSGLDProtocol(HandoffProtocol):
@@ -141,7 +151,7 @@ class DSGLDProtocol(HandoffProtocol):
 
     @staticmethod
     def _anchor_gradient(context: ClientContext, anchor) -> np.ndarray:
-        return np.asarray(_full_gradient(context.flat_model, jnp.asarray(anchor),
+        return np.asarray(_full_gradient(context.flat_model, np.asarray(anchor),
                                          context.data.data))
 
     def client_anchor_gradient(self, context: ClientContext, anchor) -> int:
@@ -154,10 +164,10 @@ class DSGLDProtocol(HandoffProtocol):
         """This client's Laplace fit (``surrogates.fit_laplace`` on its own rows, with 1/S of
         the prior): replies ``(P_s, b_s, mode)``, d^2 + 2d floats (2d + d diagonal)."""
         flat_share, own = _own_share(context, theta0)
-        fitted, modes = surrogate_module.fit_laplace(flat_share, own, jnp.asarray(theta0),
+        fitted, modes = surrogate_module.fit_laplace(flat_share, own, device_array(theta0),
                                                      diagonal, with_modes=True)
-        return (np.asarray(fitted.precision[0]), np.asarray(fitted.shift[0]),
-                np.asarray(modes[0]))
+        return (np.asarray(fitted.precision)[0], np.asarray(fitted.shift)[0],
+                np.asarray(modes)[0])
 
     def client_noise(self, context: ClientContext, anchor, center, points, conducive):
         """This client's noise statistics of the unscaled part of its estimator
@@ -169,10 +179,10 @@ class DSGLDProtocol(HandoffProtocol):
         variates = None
         if anchor is not None:
             variates = ControlVariates(
-                anchor=jnp.asarray(anchor),
-                anchor_gradients=jnp.asarray(self._anchor_gradient(context, anchor))[None])
+                anchor=device_array(anchor),
+                anchor_gradients=device_array(self._anchor_gradient(context, anchor)[None]))
         if conducive is not None:
-            conducive = tuple(jnp.asarray(value) for value in conducive)
+            conducive = tuple(device_array(value) for value in conducive)
         key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed),
                                                         step_size_module.NOISE_STREAM),
                                    context.index)
@@ -186,7 +196,7 @@ class DSGLDProtocol(HandoffProtocol):
                                   key, step_size_module.NOISE_PROBES_PER_CLIENT, full,
                                   variates, conducive)
 
-        within, mean = statistics(jnp.asarray(center), jnp.asarray(points), key, variates,
+        within, mean = statistics(device_array(center), device_array(points), key, variates,
                                   conducive, data.data)
         return np.asarray(within), np.asarray(mean)
 
@@ -248,10 +258,10 @@ class DSGLDProtocol(HandoffProtocol):
             theta0 = np.asarray(server.theta0)
             fits = server.ask("laplace", lambda s: (theta0, None), None)
             laplace = surrogate_module.GaussianSurrogates(
-                precision=jnp.stack([jnp.asarray(p) for p, _, _ in fits]),
-                shift=jnp.stack([jnp.asarray(b) for _, b, _ in fits]))
+                precision=device_array(np.stack([np.asarray(p) for p, _, _ in fits])),
+                shift=device_array(np.stack([np.asarray(b) for _, b, _ in fits])))
             center, precision = surrogate_module.laplace_of_product(
-                server.flat_model, laplace, jnp.asarray(theta0))
+                server.flat_model, laplace, device_array(theta0))
             self._setup_on_clients(server, center, precision,
                                    lambda: np.stack([np.asarray(m) for _, _, m in fits]))
         self._prepare_variates(server)
@@ -331,10 +341,10 @@ class FSGLDProtocol(DSGLDProtocol):
             options.update(step_size=self._first_step_size() if step is None else step,
                            batch_size=self.batch_size, draws=self.surrogate_draws,
                            burn_in=self.surrogate_burn_in)
-        key = jax.random.split(setup_key(context.seed), num_clients)[context.index]
+        key = _client_fit_key(setup_key(context.seed), num_clients, np.int32(context.index))
         fitted = surrogate_module.fit_surrogates(
-            self.surrogate, flat_share, own, jnp.asarray(theta0), key[None], **options)
-        own = (np.asarray(fitted.precision[0]), np.asarray(fitted.shift[0]))
+            self.surrogate, flat_share, own, device_array(theta0), key, **options)
+        own = (np.asarray(fitted.precision)[0], np.asarray(fitted.shift)[0])
         context.store["surrogate"] = own
         return own
 
@@ -356,13 +366,14 @@ class FSGLDProtocol(DSGLDProtocol):
             return estimator_moments(flat_model, layout, jnp.int32(0), weight, batch_size,
                                      alpha, own, product, center, key, probes)
 
+        # NumPy arguments: no eager program for a conversion or a new axis
         mean, second = moments(
-            jnp.asarray(weight, jnp.float32),
-            surrogate_module.GaussianSurrogates(jnp.asarray(precision)[None],
-                                                jnp.asarray(shift)[None]),
-            surrogate_module.ProductSurrogate(jnp.asarray(global_surrogate[0]),
-                                              jnp.asarray(global_surrogate[1])),
-            jnp.asarray(center), key, data.data)
+            np.float32(weight),
+            surrogate_module.GaussianSurrogates(np.asarray(precision)[None],
+                                                np.asarray(shift)[None]),
+            surrogate_module.ProductSurrogate(np.asarray(global_surrogate[0]),
+                                              np.asarray(global_surrogate[1])),
+            np.asarray(center), key, data.data)
         return np.asarray(mean), float(second)
 
     def client_taylor(self, context: ClientContext, center, diagonal):
@@ -370,9 +381,9 @@ class FSGLDProtocol(DSGLDProtocol):
         of its log likelihood at ``center`` (``surrogates.taylor_surrogates`` on its own rows),
         kept as its surrogate and replied, ``(P_s, b_s)``."""
         expanded = surrogate_module.taylor_surrogates(
-            context.flat_model, Federation([context.raw_data]), jnp.asarray(center),
+            context.flat_model, Federation([context.raw_data]), device_array(center),
             bool(diagonal))
-        own = (np.asarray(expanded.precision[0]), np.asarray(expanded.shift[0]))
+        own = (np.asarray(expanded.precision)[0], np.asarray(expanded.shift)[0])
         context.store["surrogate"] = own
         return own
 
@@ -386,7 +397,7 @@ class FSGLDProtocol(DSGLDProtocol):
         estimator: under ``"auto"`` Laplace surrogates re-expanded at the global mode by
         Newton rounds of the clients' expansions, then the noise at the Laplace fit of
         prior x q. Returns the surrogates."""
-        theta0 = jnp.asarray(server.theta0)
+        theta0 = device_array(server.theta0)
         if self.step_size == "auto" and self.surrogate == "laplace":
             diagonal = surrogates.diagonal
 
@@ -394,8 +405,8 @@ class FSGLDProtocol(DSGLDProtocol):
                 center = np.asarray(center)
                 replies = server.ask("taylor", lambda s: (center, diagonal), None)
                 return surrogate_module.GaussianSurrogates(
-                    precision=jnp.stack([jnp.asarray(p) for p, _ in replies]),
-                    shift=jnp.stack([jnp.asarray(b) for _, b in replies]))
+                    precision=device_array(np.stack([np.asarray(p) for p, _ in replies])),
+                    shift=device_array(np.stack([np.asarray(b) for _, b in replies])))
 
             surrogates, _ = surrogate_module.expand_at_global_mode(
                 server.flat_model, None, surrogates, theta0, expand=expand)
@@ -430,8 +441,8 @@ class FSGLDProtocol(DSGLDProtocol):
             theta0 = np.asarray(server.theta0)
             fitted = server.ask("fit_surrogate", lambda s: (theta0,), None)
             surrogates = surrogate_module.GaussianSurrogates(
-                precision=jnp.stack([jnp.asarray(p) for p, _ in fitted]),
-                shift=jnp.stack([jnp.asarray(b) for _, b in fitted]))
+                precision=device_array(np.stack([np.asarray(p) for p, _ in fitted])),
+                shift=device_array(np.stack([np.asarray(b) for _, b in fitted])))
             given = False
         else:
             surrogates = surrogate_module.as_surrogates(self.surrogate, dim,
@@ -458,7 +469,7 @@ class FSGLDProtocol(DSGLDProtocol):
         trust = None
         if self.trust_radius is not None:
             center, metric = surrogate_module.laplace_of_product(
-                server.flat_model, subset, jnp.asarray(server.theta0))
+                server.flat_model, subset, device_array(server.theta0))
             radius = self.trust_radius
             if radius == "auto":
                 center_array = np.asarray(center)

@@ -113,3 +113,58 @@ def test_clients_of_one_process_share_one_share_model():
               for context in contexts]
     assert shares[0] == shares[1]
     assert langevin_handoff._share_model(MODEL, 5) is not langevin_handoff._share_model(MODEL, 4)
+
+
+# A hand-off client's set-up messages in a fresh process (each Ray client is one): the names
+# of the programs JAX compiles (or loads), printed one per line
+CLIENT_SETUP = r"""
+import logging, sys
+import jax, jax.numpy as jnp, numpy as np
+import fedmcmc as fm
+from fedmcmc.engines.handoff import HandoffClient
+
+names = []
+
+class Names(logging.Handler):
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("Compiling "):
+            names.append(message.split(" ")[1])
+
+logging.getLogger("jax").addHandler(Names())
+jax.config.update("jax_log_compiles", True)
+model = fm.Model(log_prior=lambda p: -0.5 * jnp.sum(p["w"] ** 2),
+                 log_likelihood=lambda p, ex: -0.5 * (ex["y"] - ex["x"] @ p["w"]) ** 2)
+init = {"w": np.zeros(3, np.float32)}
+rs = np.random.default_rng(0)
+rows = {"x": rs.normal(size=(30, 3)).astype(np.float32), "y": rs.normal(size=30).astype(np.float32)}
+spec = {"seed": 0, "chains": 2, "thin": 2, "num_clients": 3}
+fsgld = fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=5, surrogate="sgld",
+                 surrogate_draws=50, surrogate_burn_in=10).handoff_protocol()
+client = HandoffClient(1, rows, model, init, fsgld, spec)
+precision, shift = client.setup("fit_surrogate", np.zeros(3, np.float32))
+client.setup("estimator_moments", 0.3, (precision, shift), np.zeros(3, np.float32))
+dsgld = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
+HandoffClient(1, rows, model, init, dsgld, spec).configure({"weight": np.float32(0.5)})
+print("\n".join(names))
+"""
+
+#: what a client's surrogate fit, estimator moments and visit compile: the library's own
+#: programs, no eager operation (conversions, new axes, indexing, key splits each compile a
+#: small program of their own in every new process)
+CLIENT_PROGRAMS = {"_seed_key_program", "fold_in_compiled", "_client_fit_key",
+                   "_modes_program", "_sgld_fit_program", "moments", "visit"}
+
+
+def test_a_clients_set_up_compiles_no_eager_operation():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FEDMCMC_COMPILATION_CACHE="0")
+    run = subprocess.run([sys.executable, "-c", CLIENT_SETUP], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    compiled = {line.strip()[len("jit("):-1] for line in run.stdout.splitlines() if line.strip()}
+    assert {"_sgld_fit_program", "moments", "visit"} <= compiled
+    assert compiled <= CLIENT_PROGRAMS, sorted(compiled - CLIENT_PROGRAMS)
