@@ -86,11 +86,12 @@ def full_gradient_fn(flat_model: FlatModel, padded: PaddedData) -> Callable:
 
     grad E_i(w) = -grad log p(X_i | w) - (1/n) grad log p(w) (section 2). Agents of equal
     size use the padded layout (padded rows have weight 0). When padding would exceed
-    ``fedmcmc.federation.UNPADDED_ABOVE_PADDING`` of the rows (60 districts of 2 to 118 rows: 73%), the real rows
-    are stacked once with the index of their agent and the likelihood is differentiated with
-    respect to the (n, d) positions through the row -> agent gather (the transpose is a
-    sorted segment sum): the same gradients to float rounding, with the work of the real
-    rows only (about 1.9x faster per iteration on that federation).
+    ``fedmcmc.federation.UNPADDED_ABOVE_PADDING`` of the rows (60 districts of 2 to 118
+    rows: 73%), the real rows are stacked once with the index of their agent and the
+    likelihood is differentiated with respect to the (n, d) positions through the row ->
+    agent gather (the transpose is a sorted segment sum): the same gradients to float
+    rounding, with the work of the real rows only (about 1.9x faster per iteration on that
+    federation).
     """
     n = padded.mask.shape[0]
 

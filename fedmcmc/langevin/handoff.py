@@ -90,13 +90,13 @@ def _full_gradient(flat_model, theta, rows):
     return flat_model.grad_log_likelihood_sum(theta, rows)
 
 
-def _own_share(context: ClientContext, theta0):
+def _own_share(context: ClientContext):
     """The client's Laplace objective's model (its log likelihood plus 1/S of the log prior,
     S the number of clients, as ``surrogates.fit_laplace`` of the whole federation) and a
     federation of its own rows only."""
     share = _share_model(context.model, context.num_clients)
     # flattened at the run's initial pytree: a FlatModel depends on the parameter structure
-    # only, and unravelling theta0 eagerly would compile small slicing programs
+    # only, and unravelling a flat position eagerly would compile small slicing programs
     flat_share = share.flatten(context.init)
     return flat_share, Federation([context.raw_data])
 
@@ -163,7 +163,7 @@ class DSGLDProtocol(HandoffProtocol):
     def client_laplace(self, context: ClientContext, theta0, diagonal):
         """This client's Laplace fit (``surrogates.fit_laplace`` on its own rows, with 1/S of
         the prior): replies ``(P_s, b_s, mode)``, d^2 + 2d floats (2d + d diagonal)."""
-        flat_share, own = _own_share(context, theta0)
+        flat_share, own = _own_share(context)
         fitted, modes = surrogate_module.fit_laplace(flat_share, own, device_array(theta0),
                                                      diagonal, with_modes=True)
         return (np.asarray(fitted.precision)[0], np.asarray(fitted.shift)[0],
@@ -333,7 +333,7 @@ class FSGLDProtocol(DSGLDProtocol):
     def client_fit_surrogate(self, context: ClientContext, theta0):
         """Fit q_s on this client's data only and keep it; reply its natural parameters
         (P_s, b_s). The key is the one the in-process fit gives this client."""
-        flat_share, own = _own_share(context, theta0)
+        flat_share, own = _own_share(context)
         num_clients = context.num_clients
         options: Dict[str, Any] = {"diagonal": self.diagonal}
         if self.surrogate == "sgld":

@@ -41,6 +41,7 @@ from ..algorithm import (
 )
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
+from ..federation import UNPADDED_ABOVE_PADDING
 from ..model import unravel_draws_numpy
 from ..results import SamplingDivergedError, assemble_result, divergence_details, diverged_error
 from .distributed import sample_pdmp
@@ -116,16 +117,17 @@ def _unpadded_workers_data_grad(flat_model, padded, sizes, reference_share=None,
     """``X (M, d) -> (M, d)``: every worker's data potential gradient at its own row of ``X``,
     summed over the real rows only
     (:meth:`~fedmcmc.model.FlatModel.grad_log_likelihood_per_client`), or ``None`` when the
-    clients are of nearly equal size (``PaddedData.mostly_padding`` false; with ``exact``
-    event times, padding at most :data:`EXACT_UNPADDED_ABOVE_PADDING`).
+    clients are of nearly equal size: padding at most
+    :data:`fedmcmc.federation.UNPADDED_ABOVE_PADDING` of the padded rows (with ``exact`` event
+    times, at most :data:`EXACT_UNPADDED_ABOVE_PADDING`).
 
     The padded layout evaluates every worker on as many rows as the largest one has: with
     clients of very unequal size (1/rank sizes, 64 workers: 13x the rows) most of a thinning
     pass's gradients were padding. Same sums as ``data_grad`` worker by worker, in another
     order. ``reference_share``: ``(precision, mean, n_total)`` of the Boomerang's reference
     potential when the data workers hold ``-n_m / N U_ref``."""
-    if not padded.mostly_padding or (exact
-                                     and padded.padding_share <= EXACT_UNPADDED_ABOVE_PADDING):
+    threshold = EXACT_UNPADDED_ABOVE_PADDING if exact else UNPADDED_ABOVE_PADDING
+    if padded.padding_share <= threshold:
         return None
     rows, owner = padded.unpadded()
     shares = None if reference_share is None else device_array(

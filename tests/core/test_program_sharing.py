@@ -6,6 +6,10 @@ timed: the number of traces a jitted program keeps, and whether two clients' vis
 to the same program text (then the persistent compilation cache compiles it once).
 """
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,8 +113,7 @@ def test_a_protocol_that_does_not_promise_it_gets_a_visit_per_client():
 def test_clients_of_one_process_share_one_share_model():
     rows = _rows(0, 20)
     contexts = [client_context(s, rows, 20, MODEL, INIT, 4, 0) for s in range(2)]
-    shares = [langevin_handoff._own_share(context, np.zeros(4, np.float32))[0]
-              for context in contexts]
+    shares = [langevin_handoff._own_share(context)[0] for context in contexts]
     assert shares[0] == shares[1]
     assert langevin_handoff._share_model(MODEL, 5) is not langevin_handoff._share_model(MODEL, 4)
 
@@ -157,10 +160,6 @@ CLIENT_PROGRAMS = {"_seed_key_program", "fold_in_compiled", "_client_fit_key",
 
 
 def test_a_clients_set_up_compiles_no_eager_operation():
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, FEDMCMC_COMPILATION_CACHE="0")
     run = subprocess.run([sys.executable, "-c", CLIENT_SETUP], capture_output=True, text=True,
                          timeout=300, env=env)
