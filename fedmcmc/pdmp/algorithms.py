@@ -107,9 +107,9 @@ def _summed_slope_bound(per_example_bound):
 #: exact event times (quadratic potentials) take the unpadded layout above this share of
 #: padding only: per event they need one gradient and one Hessian-vector product, for which
 #: the unpadded layout's row gather and its transpose, a segment sum, cost about as much as
-#: padding up to half the rows (``benchmarks/bench_pdmp.py --federated-only``, linear
-#: regression with sizes ~ 1/rank: 4 workers, 48% padding, 119 us/event padded against
-#: 145-155 unpadded; 16 workers, 79%, 216 -> 144; 64 workers, 92%, 610 -> 126)
+#: padding up to half the rows (``benchmarks/bench_pdmp.py --quick --federated-only``,
+#: linear regression with sizes ~ 1/rank: 4 workers, 48% padding, 118.6 us/event padded
+#: against 154.1 unpadded; 16 workers, 79%, 215.9 -> 142.6; 64 workers, 92%, 545.3 -> 122.1)
 EXACT_UNPADDED_ABOVE_PADDING = 0.6
 
 
