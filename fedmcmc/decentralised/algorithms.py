@@ -39,7 +39,7 @@ from ..callsite import user_stacklevel
 from .. import rng
 from ..algorithm import Algorithm, check_optional, check_positive_float, check_positive_int
 from ..checkpoint import resume_from, split_run_options
-from ..engines.local import default_chunk_size, run_chains
+from ..engines.local import run_chains
 from ..diagnostics import bias_estimate
 from ..model import unravel_draws_numpy
 from ..results import SamplingDivergedError, assemble_result, divergence_details, diverged_error
@@ -107,16 +107,6 @@ def _check_graph(graph: Any) -> Any:
         f"graph must be one of {graph_module.GRAPH_NAMES} or a networkx graph, "
         f"got {type(graph).__name__}"
     )
-
-
-def _chunk_size(total: int) -> int:
-    """A chunk length that divides ``total`` when one is near the engine's default, so the
-    compiled chunk is built once (a shorter last chunk would compile a second program)."""
-    target = default_chunk_size(total)
-    for size in range(min(total, 2 * target), max(target // 2, 1) - 1, -1):
-        if total % size == 0:
-            return size
-    return target
 
 
 class _Decentralised(Algorithm):
@@ -323,8 +313,9 @@ class _Decentralised(Algorithm):
         key = rng.seed_key(seed)
         states = jax.jit(initial_states)(key, theta0)
         states, start_draw = resume_from(run_options, states)
-        # A chunk length that divides the run (one compiled program) unless the caller sets one.
-        chunk_size = run_options.pop("chunk_size", None) or _chunk_size(burn_in + num_samples)
+        # the caller's chunk length, else the engine's (one compiled program either way: a
+        # shorter last chunk runs the same program with a smaller trip count)
+        chunk_size = run_options.pop("chunk_size", None)
         on_draws = run_options.pop("on_draws", None)
         if on_draws is not None:
             # The engine's draws are (network average[, every agent]): pass on result.samples.

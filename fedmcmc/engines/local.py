@@ -27,7 +27,8 @@ from .driver import ChainRun, default_chunk_size, drive
 
 PyTree = Any
 
-__all__ = ["ChainRun", "run_chains", "default_chunk_size", "compiler_options", "iteration_key"]
+__all__ = ["ChainRun", "run_chains", "default_chunk_size", "shared_chunk_size", "compiler_options",
+           "iteration_key"]
 
 
 def iteration_key(root: jax.Array, chains: int, thin: int, chain, t):
@@ -56,6 +57,25 @@ def compiler_options(chains: int) -> Dict[str, Any]:
     if chains < SPLIT_LOOPS_MIN_CHAINS and jax.default_backend() == "cpu":
         return {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
     return {}
+
+
+def shared_chunk_size(total_draws: int) -> int:
+    """This engine's default chunk length: about ``total_draws / 20``
+    (:func:`~fedmcmc.engines.driver.default_chunk_size`) rounded up to the next ``2^k`` or
+    ``3 * 2^k`` (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, ...; at most 1.5 times it, so 14 to
+    20 chunks).
+
+    The compiled chunk's shapes depend on its length only, so runs of nearly the same length
+    (another ``num_samples``, a resumed run) are the same program and come out of JAX's
+    compilation caches, in memory and on disk, instead of compiling again; only the last
+    chunk is shorter."""
+    size = default_chunk_size(max(int(total_draws), 1))
+    power = 1
+    while power < size:
+        if power >= 2 and power * 3 // 2 >= size:
+            return power * 3 // 2
+        power *= 2
+    return power
 
 
 def run_chains(
@@ -91,6 +111,9 @@ def run_chains(
     divergence_threshold:
         A chain whose draw is non-finite or has an entry larger than this in
         absolute value is stopped as diverged.
+    chunk_size:
+        Draws per compiled call (progress, divergence checks and checkpoints happen between
+        calls); default :func:`shared_chunk_size` of the draws to run.
     start_draw:
         Global index of the first draw to run (resume); draws with index below
         ``burn_in`` are discarded.
@@ -109,7 +132,7 @@ def run_chains(
         dominates a small model's update on CPU.
     """
     total = burn_in + num_samples
-    chunk_size = chunk_size or default_chunk_size(total - start_draw)
+    chunk_size = chunk_size or shared_chunk_size(total - start_draw)
     chunk_size = max(1, min(chunk_size, total - start_draw))
     chains = jax.tree_util.tree_leaves(initial_states)[0].shape[0]
 

@@ -167,3 +167,55 @@ def test_a_clients_set_up_compiles_no_eager_operation():
     compiled = {line.strip()[len("jit("):-1] for line in run.stdout.splitlines() if line.strip()}
     assert {"_sgld_fit_program", "moments", "visit"} <= compiled
     assert compiled <= CLIENT_PROGRAMS, sorted(compiled - CLIENT_PROGRAMS)
+
+
+@pytest.fixture
+def private_jax_cache(tmp_path):
+    """JAX's persistent cache in ``tmp_path`` for one test; the settings restored after."""
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache,
+              jax.config.jax_persistent_cache_min_compile_time_secs)
+    fm.cache.enable(tmp_path / "jax")
+    yield tmp_path / "jax"
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    jax.config.update("jax_enable_compilation_cache", before[1])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[2])
+    from jax.experimental.compilation_cache import compilation_cache
+
+    compilation_cache.reset_cache()
+
+
+@pytest.mark.parametrize("lengths", [(290, 310), (1000, 1100)])
+def test_runs_of_nearly_the_same_length_compile_nothing_new(private_jax_cache, lengths):
+    """The default chunk length is rounded to 2^k or 3 * 2^k draws, so a second run of
+    another length (here 290 then 310 draws: 15 and 16 per chunk before rounding, both 16
+    after) reads every program from the persistent cache; the draws do not depend on it."""
+    from fedmcmc.engines.local import shared_chunk_size
+
+    federation = fm.Federation([_rows(0, 40), _rows(1, 25)])
+    algorithm = fm.SGLD(step_size=1e-3, batch_size=10)
+    written = []
+    for num_samples in lengths:
+        result = fm.sample(MODEL, federation, algorithm, INIT, num_samples=num_samples,
+                           chains=2, seed=0, progress=False)
+        written.append(sorted(p.name for p in private_jax_cache.glob("*-cache")))
+    assert written[0] and written[1] == written[0]
+    assert shared_chunk_size(lengths[0]) == shared_chunk_size(lengths[1])
+    # the longer run's first draws are the shorter run's
+    shorter = fm.sample(MODEL, federation, algorithm, INIT, num_samples=lengths[0], chains=2,
+                        seed=0, progress=False)
+    np.testing.assert_array_equal(np.asarray(result.samples["w"])[:, :lengths[0]],
+                                  np.asarray(shorter.samples["w"]))
+
+
+@pytest.mark.parametrize("total", [1, 5, 19, 20, 21, 41, 290, 999, 1001, 12345, 10**6])
+def test_shared_chunk_size_rounds_up_by_at_most_half(total):
+    from fedmcmc.engines.driver import default_chunk_size
+    from fedmcmc.engines.local import shared_chunk_size
+
+    size, plain = shared_chunk_size(total), default_chunk_size(total)
+    assert plain <= size <= max(1, 1.5 * plain)
+    odd = size
+    while odd % 2 == 0:
+        odd //= 2
+    assert odd in (1, 3)  # 2^k or 3 * 2^k
+    assert -(-total // size) <= 20
