@@ -73,7 +73,9 @@ def _client_noise(flat_model, data, num_clients: int, batch_size: int, center, p
             jax.random.fold_in(key, client), step_size_module.NOISE_PROBES_PER_CLIENT, full,
             variates, None if conducive is None else conducive(client))
 
-    within, means = jax.jit(jax.vmap(one))(np.arange(num_clients, dtype=np.int32))
+    # lax.map over the clients, as over the points and probes inside (step_size.client_noise)
+    within, means = jax.jit(lambda clients: jax.lax.map(one, clients))(
+        np.arange(num_clients, dtype=np.int32))
     return step_size_module.ClientNoise(within=np.asarray(within), means=np.asarray(means))
 
 
@@ -697,7 +699,7 @@ class FSGLD(DSGLD):
                 surrogates, global_surrogate, center, jax.random.fold_in(base, client),
                 self.radius_probes_per_client)
 
-        means, second = jax.jit(jax.vmap(moments))(clients)
+        means, second = jax.jit(lambda clients: jax.lax.map(moments, clients))(clients)
         noise_trace = fsgld.noise_trace_from_moments(weights, means, second)
         h = step_size if not callable(step_size) else float(step_size(0))
         return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace)
