@@ -41,7 +41,7 @@ import numpy as np
 from .. import rng
 from .. import surrogates as surrogate_module
 from ..arrays import device_array
-from ..federation import Federation
+from ..federation import ConcatenatedData, Federation
 from ..model import Model
 from ..protocols import ClientContext, HandoffProtocol, ServerSide
 from ..schedules import as_schedule
@@ -106,6 +106,19 @@ def _client_fit_key(root, num_clients: int, index):
     """``split(root, S)[index]`` as a batch of one key: the key the in-process fit gives
     client ``index`` (one compiled call instead of eager split and indexing)."""
     return jax.random.split(root, num_clients)[index][None]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _client_moments(flat_model, batch_size: int, alpha: float, probes: int, size: int, weight,
+                    own, product, center, key, rows):
+    """``estimators.estimator_moments`` of a client's ``size`` rows (the one-client layout),
+    traced once per model, settings and shapes: the clients of one process (an actor hosting
+    several, the in-process transport) share the trace, and those of one node the compiled
+    program."""
+    layout = ConcatenatedData(data=rows, offsets=np.zeros((1,), np.int32),
+                              sizes=np.full((1,), size, np.int32))
+    return estimator_moments(flat_model, layout, 0, weight, batch_size, alpha, own,
+                             product, center, key, probes)
 
 
 class DSGLDProtocol(HandoffProtocol):
@@ -356,24 +369,15 @@ class FSGLDProtocol(DSGLDProtocol):
         precision, shift = context.store["surrogate"]
         key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed), 7),
                                    context.index)
-        flat_model, data = context.flat_model, context.data
-        probes, batch_size, alpha = self.radius_probes_per_client, self.batch_size, self.alpha
-
-        # the rows as an argument: clients of the same shapes lower to one program
-        @jax.jit
-        def moments(weight, own, product, center, key, rows):
-            layout = dataclasses.replace(data, data=rows)
-            return estimator_moments(flat_model, layout, jnp.int32(0), weight, batch_size,
-                                     alpha, own, product, center, key, probes)
-
         # NumPy arguments: no eager program for a conversion or a new axis
-        mean, second = moments(
-            np.float32(weight),
+        mean, second = _client_moments(
+            context.flat_model, self.batch_size, self.alpha, self.radius_probes_per_client,
+            context.size, np.float32(weight),
             surrogate_module.GaussianSurrogates(np.asarray(precision)[None],
                                                 np.asarray(shift)[None]),
             surrogate_module.ProductSurrogate(np.asarray(global_surrogate[0]),
                                               np.asarray(global_surrogate[1])),
-            np.asarray(center), key, data.data)
+            np.asarray(center), key, context.data.data)
         return np.asarray(mean), float(second)
 
     def client_taylor(self, context: ClientContext, center, diagonal):

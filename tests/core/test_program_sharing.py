@@ -110,6 +110,28 @@ def test_a_protocol_that_does_not_promise_it_gets_a_visit_per_client():
     assert clients[0]._visit is not clients[1]._visit
 
 
+@pytest.mark.filterwarnings("ignore::fedmcmc.surrogates.SurrogateMixingWarning")  # 50 draws
+def test_estimator_moments_of_same_shaped_clients_reuse_one_trace():
+    """FSGLD's trust-radius moments (``client_estimator_moments``): a second client of the
+    same shapes in the process reuses the first one's trace, on its own rows."""
+    protocol = fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=5, surrogate="sgld",
+                        surrogate_draws=50, surrogate_burn_in=10).handoff_protocol()
+    product = (np.eye(4, dtype=np.float32), np.zeros(4, np.float32))
+
+    def moments(index, rows):
+        client = _client(index, rows, protocol)
+        client.setup("fit_surrogate", np.zeros(4, np.float32))
+        return client.setup("estimator_moments", 0.3, product, np.zeros(4, np.float32))
+
+    first = moments(0, _rows(0, 30))
+    traced = langevin_handoff._client_moments._cache_size()
+    second = moments(1, _rows(1, 30))
+    assert langevin_handoff._client_moments._cache_size() == traced
+    assert not np.allclose(first[0], second[0])  # each on its own rows
+    moments(2, _rows(2, 31))  # another shape: another trace
+    assert langevin_handoff._client_moments._cache_size() == traced + 1
+
+
 def test_clients_of_one_process_share_one_share_model():
     rows = _rows(0, 20)
     contexts = [client_context(s, rows, 20, MODEL, INIT, 4, 0) for s in range(2)]
@@ -156,7 +178,7 @@ print("\n".join(names))
 #: programs, no eager operation (conversions, new axes, indexing, key splits each compile a
 #: small program of their own in every new process)
 CLIENT_PROGRAMS = {"_seed_key_program", "fold_in_compiled", "_client_fit_key",
-                   "_modes_program", "_sgld_fit_program", "moments", "visit"}
+                   "_modes_program", "_sgld_fit_program", "_client_moments", "visit"}
 
 
 def test_a_clients_set_up_compiles_no_eager_operation():
@@ -165,7 +187,7 @@ def test_a_clients_set_up_compiles_no_eager_operation():
                          timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     compiled = {line.strip()[len("jit("):-1] for line in run.stdout.splitlines() if line.strip()}
-    assert {"_sgld_fit_program", "moments", "visit"} <= compiled
+    assert {"_sgld_fit_program", "_client_moments", "visit"} <= compiled
     assert compiled <= CLIENT_PROGRAMS, sorted(compiled - CLIENT_PROGRAMS)
 
 
