@@ -42,6 +42,10 @@ of their proposals (with one chain, ``info["event_iterations"]`` = ``info
                     ``on_chunk`` timer below is called, which ``fm.sample`` does not pass on
                     to the Ray engine).
 
+The last column is the Ray round's floor (``ray_round_floor``): as many bare actors, no JAX,
+answering a message of the same shape, sent the engine's way (ms per round), and the same
+round as a Ray compiled graph (``ray.dag``: shared-memory channels instead of task calls).
+
 Per-round time is steady state: the ``on_chunk`` callback time-stamps every chunk (every
 draw on the distributed engines) with the rounds done so far, and the time from the end of
 the first chunk to the end of the run is divided by the rounds made in between -- so set-up,
@@ -262,6 +266,54 @@ def pdmp_local(model, federation, draws, chunks=10):
             "steady_rounds": rounds, "startup": marks[0][0] - started}, result
 
 
+def ray_round_floor(num_workers: int, rounds: int = 1000):
+    """Seconds per round of ``num_workers`` bare actors, each answering one message shaped like
+    a Fed Zig-Zag event iteration's (one chain: key, x, v, cap, alpha_m, scale_m out; event
+    time, kind, channel, gradient, counters back), sent as the engine sends it (one tuple
+    argument per actor, one wait for all, then get), and the same round as a Ray compiled
+    graph (``ray.dag``, shared-memory channels; ``None`` where this Ray has none). The first
+    is the floor of the engine's Ray round: what Ray alone costs, with no JAX in the actors."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Bare:
+        def deliver(self, message):
+            return (np.zeros(1), np.zeros(1, np.int32), np.zeros(1, np.int32),
+                    np.zeros((1, DIM)), np.zeros(1, np.int32))
+
+    actors = [Bare.remote() for _ in range(num_workers)]
+    x = np.zeros((1, DIM))
+    message = (np.zeros((1, 2), np.uint32), x, x, np.zeros(1), np.zeros(1), np.zeros(1))
+    try:
+        ray.get([actor.deliver.remote((0, "respond", message)) for actor in actors])
+        start = time.perf_counter()
+        for _ in range(rounds):
+            refs = [actor.deliver.remote((m, "respond", message))
+                    for m, actor in enumerate(actors)]
+            ray.wait(refs, num_returns=len(refs))
+            ray.get(refs)
+        calls = (time.perf_counter() - start) / rounds
+        graph = None
+        with contextlib.suppress(ImportError, AttributeError):
+            from ray.dag import InputNode, MultiOutputNode
+
+            with InputNode() as given:
+                dag = MultiOutputNode([actor.deliver.bind(given) for actor in actors])
+            compiled = dag.experimental_compile()
+            try:
+                ray.get(compiled.execute((0, "respond", message)))
+                start = time.perf_counter()
+                for _ in range(rounds):
+                    ray.get(compiled.execute((0, "respond", message)))
+                graph = (time.perf_counter() - start) / rounds
+            finally:
+                compiled.teardown()
+        return calls, graph
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
 def bench_pdmp(clients, draws, local_rounds):
     print(f"\nFed Zig-Zag broadcast-and-gather, logistic regression d={DIM}, {ROWS} rows/worker, "
           f"sample_interval={PDMP_INTERVAL}, 1 chain, {draws} draws on inprocess/ray "
@@ -269,13 +321,15 @@ def bench_pdmp(clients, draws, local_rounds):
           "broadcast + gather")
     print(f"{'workers':>7} {'local ms':>9} {'inproc ms':>10} {'ray ms':>8} {'ray/local':>10} "
           f"{'ray/inproc':>11} {'steady rounds l/i/r':>20} {'start-up s l/i/r':>18} "
-          f"{'ray setup s':>12} {'B/round (steady)':>18}")
+          f"{'ray setup s':>12} {'B/round (steady)':>18} {'floor ms calls/graph':>21}")
     for num_workers in clients:
         model, federation = pdmp_problem(num_workers)
         inproc, r_in = pdmp_distributed(model, federation, draws, "inprocess")
         local_draws = max(50, int(math.ceil(local_rounds / inproc["rounds_per_draw"])))
         local, r_local = pdmp_local(model, federation, local_draws)
         on_ray, r_ray = pdmp_distributed(model, federation, draws, "ray")
+        floor_calls, floor_graph = ray_round_floor(num_workers)
+        graph = "n/a" if floor_graph is None else f"{floor_graph * 1e3:.2f}"
         same = bool(np.allclose(np.asarray(r_in.samples), np.asarray(r_ray.samples),
                                 rtol=1e-6, atol=1e-8))
         first = np.asarray(r_local.samples)[:, :draws]
@@ -285,7 +339,8 @@ def bench_pdmp(clients, draws, local_rounds):
               f"{on_ray['round'] / inproc['round']:>11.2f} "
               f"{local['steady_rounds']:>8}/{inproc['steady_rounds']}/{on_ray['steady_rounds']:<5} "
               f"{local['startup']:>6.0f}/{inproc['startup']:.0f}/{on_ray['startup']:<5.0f} "
-              f"{on_ray['setup']:>12.1f} {on_ray['bytes']:>8.0f} ({on_ray['steady_bytes']:.0f})",
+              f"{on_ray['setup']:>12.1f} {on_ray['bytes']:>8.0f} ({on_ray['steady_bytes']:.0f})"
+              f" {floor_calls * 1e3:>10.2f} / {graph}",
               flush=True)
         print(f"{'':>7} same draws: inprocess = ray {same}, inprocess = local {same_local}; "
               f"bytes/round in-process {inproc['bytes']:.0f} ({inproc['steady_bytes']:.0f})",
