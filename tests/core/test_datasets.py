@@ -114,6 +114,11 @@ def test_mnist_small_fixed_stratified_split():
     assert not {r.tobytes() for r in train.x} & {r.tobytes() for r in test.x.reshape(-1, 784)}
     with pytest.raises(ValueError, match="split"):
         datasets.mnist_small("validation")
+    # parsed once per process, but every call returns the caller's own writable arrays
+    every.x[:] = -1.0
+    every.y[:] = -1
+    again = datasets.mnist_small()
+    assert again.x.min() >= 0.0 and again.y.min() == 0
 
 
 FALLBACK_CASES = [
