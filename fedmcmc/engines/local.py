@@ -63,7 +63,7 @@ def shared_chunk_size(total_draws: int) -> int:
     """This engine's default chunk length: about ``total_draws / 20``
     (:func:`~fedmcmc.engines.driver.default_chunk_size`) rounded up to the next ``2^k`` or
     ``3 * 2^k`` (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, ...; at most 1.5 times it, so 14 to
-    20 chunks).
+    20 chunks from 27 draws on).
 
     The compiled chunk's shapes depend on its length only, so runs of nearly the same length
     (another ``num_samples``, a resumed run) are the same program and come out of JAX's
