@@ -50,6 +50,23 @@ def private_cache(tmp_path_factory):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
 
 
+@pytest.fixture
+def restore_cache_settings():
+    """JAX's compilation cache settings as they were before the test (which may enable,
+    disable or move the cache: ``fm.cache``), and its cache object reset."""
+    import jax
+
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache,
+              jax.config.jax_persistent_cache_min_compile_time_secs)
+    yield
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    jax.config.update("jax_enable_compilation_cache", before[1])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[2])
+    from jax.experimental.compilation_cache import compilation_cache
+
+    compilation_cache.reset_cache()
+
+
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
     """A Ray instance for one test module: loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``

@@ -127,19 +127,6 @@ def test_unwritable_directory_warns_once_and_runs_without(tmp_path):
     assert out["warnings"][0].startswith("CompilationCacheWarning") and "below" in out["warnings"][0]
 
 
-@pytest.fixture
-def restore_cache_settings():
-    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache,
-              jax.config.jax_persistent_cache_min_compile_time_secs)
-    yield
-    jax.config.update("jax_compilation_cache_dir", before[0])
-    jax.config.update("jax_enable_compilation_cache", before[1])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[2])
-    from jax.experimental.compilation_cache import compilation_cache
-
-    compilation_cache.reset_cache()
-
-
 def test_enable_disable_and_clear_in_a_running_process(tmp_path, restore_cache_settings):
     assert fm.cache.enable(tmp_path / "here") == tmp_path / "here"
     assert fm.cache.directory() == tmp_path / "here"

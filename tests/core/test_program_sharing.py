@@ -191,35 +191,22 @@ def test_a_clients_set_up_compiles_no_eager_operation():
     assert compiled <= CLIENT_PROGRAMS, sorted(compiled - CLIENT_PROGRAMS)
 
 
-@pytest.fixture
-def private_jax_cache(tmp_path):
-    """JAX's persistent cache in ``tmp_path`` for one test; the settings restored after."""
-    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache,
-              jax.config.jax_persistent_cache_min_compile_time_secs)
-    fm.cache.enable(tmp_path / "jax")
-    yield tmp_path / "jax"
-    jax.config.update("jax_compilation_cache_dir", before[0])
-    jax.config.update("jax_enable_compilation_cache", before[1])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[2])
-    from jax.experimental.compilation_cache import compilation_cache
-
-    compilation_cache.reset_cache()
-
-
 @pytest.mark.parametrize("lengths", [(290, 310), (1000, 1100)])
-def test_runs_of_nearly_the_same_length_compile_nothing_new(private_jax_cache, lengths):
+def test_runs_of_nearly_the_same_length_compile_nothing_new(tmp_path, restore_cache_settings,
+                                                           lengths):
     """The default chunk length is rounded to 2^k or 3 * 2^k draws, so a second run of
     another length (here 290 then 310 draws: 15 and 16 per chunk before rounding, both 16
     after) reads every program from the persistent cache; the draws do not depend on it."""
     from fedmcmc.engines.local import shared_chunk_size
 
+    directory = fm.cache.enable(tmp_path / "jax")
     federation = fm.Federation([_rows(0, 40), _rows(1, 25)])
     algorithm = fm.SGLD(step_size=1e-3, batch_size=10)
     written = []
     for num_samples in lengths:
         result = fm.sample(MODEL, federation, algorithm, INIT, num_samples=num_samples,
                            chains=2, seed=0, progress=False)
-        written.append(sorted(p.name for p in private_jax_cache.glob("*-cache")))
+        written.append(sorted(p.name for p in directory.glob("*-cache")))
     assert written[0] and written[1] == written[0]
     assert shared_chunk_size(lengths[0]) == shared_chunk_size(lengths[1])
     # the longer run's first draws are the shorter run's
