@@ -61,9 +61,10 @@ def compiler_options(chains: int) -> Dict[str, Any]:
 
 def shared_chunk_size(total_draws: int) -> int:
     """This engine's default chunk length: about ``total_draws / 20``
-    (:func:`~fedmcmc.engines.driver.default_chunk_size`) rounded up to the next ``2^k`` or
-    ``3 * 2^k`` (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, ...; at most 1.5 times it, so 14 to
-    20 chunks from 27 draws on).
+    (:func:`~fedmcmc.engines.driver.default_chunk_size`) rounded down to a ``2^k`` or
+    ``3 * 2^k`` (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, ...; at least 2/3 of it, so at most
+    30 chunks, 20 to 30 from 1,000 draws on, and never more memory per chunk than the
+    unrounded length).
 
     The compiled chunk's shapes depend on its length only, so runs of nearly the same length
     (another ``num_samples``, a resumed run) are the same program and come out of JAX's
@@ -71,11 +72,9 @@ def shared_chunk_size(total_draws: int) -> int:
     chunk is shorter."""
     size = default_chunk_size(max(int(total_draws), 1))
     power = 1
-    while power < size:
-        if power >= 2 and power * 3 // 2 >= size:
-            return power * 3 // 2
+    while 2 * power <= size:
         power *= 2
-    return power
+    return power * 3 // 2 if power >= 2 and power * 3 // 2 <= size else power
 
 
 def run_chains(
