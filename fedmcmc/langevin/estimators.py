@@ -189,7 +189,7 @@ def unscaled_noise(flat_model: FlatModel, data: ConcatenatedData, client, batch_
     FSGLD's ``alpha grad log q_s`` when ``conducive = (alpha, P_s, b_s)``. Returns
     ``(within, mean)``: (d, d) or () and (d,).
 
-    The one computation of both engines: the in-process set-up vmaps it over the clients of
+    The one computation of both engines: the in-process set-up maps it over the clients of
     the whole federation's layout, a client on Ray runs it on its own one-client layout
     (``client`` 0), with the key ``fold_in(noise key, s)`` either way."""
 

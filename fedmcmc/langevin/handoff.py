@@ -29,13 +29,11 @@ tests compare them).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
@@ -108,17 +106,35 @@ def _client_fit_key(root, num_clients: int, index):
     return jax.random.split(root, num_clients)[index][None]
 
 
+def _own_layout(rows, size: int) -> ConcatenatedData:
+    """A client's ``size`` rows in the kernels' one-client layout, inside a trace: offsets and
+    sizes are NumPy constants, so the minibatch rule reads the size concretely (and the
+    client is the Python int 0, indexing them)."""
+    return ConcatenatedData(data=rows, offsets=np.zeros((1,), np.int32),
+                            sizes=np.full((1,), size, np.int32))
+
+
+# The client-side set-up programs below are module-level, with the model, the settings and the
+# client's size static: traced once per model, settings and shapes, so the clients of one
+# process (an actor hosting several, the in-process transport) share the trace, and those of
+# one node the compiled program.
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _client_moments(flat_model, batch_size: int, alpha: float, probes: int, size: int, weight,
                     own, product, center, key, rows):
-    """``estimators.estimator_moments`` of a client's ``size`` rows (the one-client layout),
-    traced once per model, settings and shapes: the clients of one process (an actor hosting
-    several, the in-process transport) share the trace, and those of one node the compiled
-    program."""
-    layout = ConcatenatedData(data=rows, offsets=np.zeros((1,), np.int32),
-                              sizes=np.full((1,), size, np.int32))
-    return estimator_moments(flat_model, layout, 0, weight, batch_size, alpha, own,
-                             product, center, key, probes)
+    """``estimators.estimator_moments`` of a client's ``size`` rows."""
+    return estimator_moments(flat_model, _own_layout(rows, size), 0, weight, batch_size, alpha,
+                             own, product, center, key, probes)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _client_noise_statistics(flat_model, batch_size: int, full: bool, size: int, center, points,
+                             key, variates, conducive, rows):
+    """``estimators.unscaled_noise`` of a client's ``size`` rows."""
+    return unscaled_noise(flat_model, _own_layout(rows, size), 0, batch_size, center, points,
+                          key, step_size_module.NOISE_PROBES_PER_CLIENT, full, variates,
+                          conducive)
 
 
 class DSGLDProtocol(HandoffProtocol):
@@ -188,7 +204,6 @@ class DSGLDProtocol(HandoffProtocol):
         FSGLD's ``conducive = (alpha, P_s, b_s)``: its within-client covariance averaged over
         ``points`` ((d, d), or its trace above ``step_size.FULL_MOMENTS_MAX_DIM``) and its
         mean at ``center`` (d), with the key the in-process set-up gives this client."""
-        flat_model, data = context.flat_model, context.data
         variates = None
         if anchor is not None:
             variates = ControlVariates(
@@ -199,18 +214,10 @@ class DSGLDProtocol(HandoffProtocol):
         key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed),
                                                         step_size_module.NOISE_STREAM),
                                    context.index)
-        full = flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
-        batch_size = self.batch_size
-
-        @jax.jit
-        def statistics(center, points, key, variates, conducive, rows):
-            layout = dataclasses.replace(data, data=rows)
-            return unscaled_noise(flat_model, layout, jnp.int32(0), batch_size, center, points,
-                                  key, step_size_module.NOISE_PROBES_PER_CLIENT, full,
-                                  variates, conducive)
-
-        within, mean = statistics(device_array(center), device_array(points), key, variates,
-                                  conducive, data.data)
+        full = context.flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
+        within, mean = _client_noise_statistics(
+            context.flat_model, self.batch_size, full, context.size, device_array(center),
+            device_array(points), key, variates, conducive, context.data.data)
         return np.asarray(within), np.asarray(mean)
 
     def _conducive_of(self, surrogates, client: int):

@@ -132,6 +132,25 @@ def test_estimator_moments_of_same_shaped_clients_reuse_one_trace():
     assert langevin_handoff._client_moments._cache_size() == traced + 1
 
 
+def test_noise_statistics_of_same_shaped_clients_reuse_one_trace():
+    """``step_size="auto"``'s noise statistics on the clients (``client_noise``): a second
+    client of the same shapes in the process reuses the first one's trace, on its own rows."""
+    protocol = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
+    center = np.zeros(4, np.float32)
+    points = np.stack([center, center + 0.1]).astype(np.float32)
+
+    def noise(index, rows):
+        return _client(index, rows, protocol).setup("noise", None, center, points, None)
+
+    first = noise(0, _rows(0, 30))
+    traced = langevin_handoff._client_noise_statistics._cache_size()
+    second = noise(1, _rows(1, 30))
+    assert langevin_handoff._client_noise_statistics._cache_size() == traced
+    assert not np.allclose(first[1], second[1])  # each on its own rows
+    noise(2, _rows(2, 31))  # another shape: another trace
+    assert langevin_handoff._client_noise_statistics._cache_size() == traced + 1
+
+
 def test_clients_of_one_process_share_one_share_model():
     rows = _rows(0, 20)
     contexts = [client_context(s, rows, 20, MODEL, INIT, 4, 0) for s in range(2)]
