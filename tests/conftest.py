@@ -11,6 +11,7 @@ user's cache directory, applies). tests/core/test_cache.py checks fedmcmc's own 
 processes with these variables removed.
 """
 
+import contextlib
 import os
 
 import pytest
@@ -33,38 +34,43 @@ def pytest_configure(config):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+@contextlib.contextmanager
+def _jax_cache_settings_restored():
+    """JAX's compilation cache settings restored on exit, and its cache object reset (it keeps
+    the directory it was first used with)."""
+    import jax
+
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache,
+              jax.config.jax_persistent_cache_min_compile_time_secs)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_enable_compilation_cache", before[1])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[2])
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()
+
+
 @pytest.fixture(scope="module")
 def private_cache(tmp_path_factory):
     """fedmcmc's cache folder (``FEDMCMC_CACHE_DIR``: references, compiled programs) in a
     temporary folder for one module's runs, not the user's; JAX's cache settings restored after."""
-    import jax
-
     patch = pytest.MonkeyPatch()
     patch.setenv("FEDMCMC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     patch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    before = (jax.config.jax_compilation_cache_dir,
-              jax.config.jax_persistent_cache_min_compile_time_secs)
-    yield
+    with _jax_cache_settings_restored():
+        yield
     patch.undo()
-    jax.config.update("jax_compilation_cache_dir", before[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
 
 
 @pytest.fixture
 def restore_cache_settings():
     """JAX's compilation cache settings as they were before the test (which may enable,
-    disable or move the cache: ``fm.cache``), and its cache object reset."""
-    import jax
-
-    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache,
-              jax.config.jax_persistent_cache_min_compile_time_secs)
-    yield
-    jax.config.update("jax_compilation_cache_dir", before[0])
-    jax.config.update("jax_enable_compilation_cache", before[1])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[2])
-    from jax.experimental.compilation_cache import compilation_cache
-
-    compilation_cache.reset_cache()
+    disable or move the cache: ``fm.cache``)."""
+    with _jax_cache_settings_restored():
+        yield
 
 
 @pytest.fixture(scope="module")
