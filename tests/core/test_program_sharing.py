@@ -110,45 +110,39 @@ def test_a_protocol_that_does_not_promise_it_gets_a_visit_per_client():
     assert clients[0]._visit is not clients[1]._visit
 
 
-@pytest.mark.filterwarnings("ignore::fedmcmc.surrogates.SurrogateMixingWarning")  # 50 draws
-def test_estimator_moments_of_same_shaped_clients_reuse_one_trace():
-    """FSGLD's trust-radius moments (``client_estimator_moments``): a second client of the
-    same shapes in the process reuses the first one's trace, on its own rows."""
+def _fsgld_moments(index, rows):
+    """FSGLD's trust-radius moments on a client (``client_estimator_moments``): the mean."""
     protocol = fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=5, surrogate="sgld",
                         surrogate_draws=50, surrogate_burn_in=10).handoff_protocol()
+    client = _client(index, rows, protocol)
+    client.setup("fit_surrogate", np.zeros(4, np.float32))
     product = (np.eye(4, dtype=np.float32), np.zeros(4, np.float32))
-
-    def moments(index, rows):
-        client = _client(index, rows, protocol)
-        client.setup("fit_surrogate", np.zeros(4, np.float32))
-        return client.setup("estimator_moments", 0.3, product, np.zeros(4, np.float32))
-
-    first = moments(0, _rows(0, 30))
-    traced = langevin_handoff._client_moments._cache_size()
-    second = moments(1, _rows(1, 30))
-    assert langevin_handoff._client_moments._cache_size() == traced
-    assert not np.allclose(first[0], second[0])  # each on its own rows
-    moments(2, _rows(2, 31))  # another shape: another trace
-    assert langevin_handoff._client_moments._cache_size() == traced + 1
+    return client.setup("estimator_moments", 0.3, product, np.zeros(4, np.float32))[0]
 
 
-def test_noise_statistics_of_same_shaped_clients_reuse_one_trace():
-    """``step_size="auto"``'s noise statistics on the clients (``client_noise``): a second
-    client of the same shapes in the process reuses the first one's trace, on its own rows."""
+def _dsgld_noise(index, rows):
+    """``step_size="auto"``'s noise statistics on a client (``client_noise``): the mean."""
     protocol = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
     center = np.zeros(4, np.float32)
     points = np.stack([center, center + 0.1]).astype(np.float32)
+    return _client(index, rows, protocol).setup("noise", None, center, points, None)[1]
 
-    def noise(index, rows):
-        return _client(index, rows, protocol).setup("noise", None, center, points, None)
 
-    first = noise(0, _rows(0, 30))
-    traced = langevin_handoff._client_noise_statistics._cache_size()
-    second = noise(1, _rows(1, 30))
-    assert langevin_handoff._client_noise_statistics._cache_size() == traced
-    assert not np.allclose(first[1], second[1])  # each on its own rows
-    noise(2, _rows(2, 31))  # another shape: another trace
-    assert langevin_handoff._client_noise_statistics._cache_size() == traced + 1
+@pytest.mark.filterwarnings("ignore::fedmcmc.surrogates.SurrogateMixingWarning")  # 50 draws
+@pytest.mark.parametrize("ask,program", [
+    (_fsgld_moments, langevin_handoff._client_moments),
+    (_dsgld_noise, langevin_handoff._client_noise_statistics),
+], ids=["estimator-moments", "noise-statistics"])
+def test_client_set_up_of_same_shaped_clients_reuses_one_trace(ask, program):
+    """A second client of the same shapes in the process reuses the first one's trace of the
+    set-up program, on its own rows; a client of another shape traces it again."""
+    first = ask(0, _rows(0, 30))
+    traced = program._cache_size()
+    second = ask(1, _rows(1, 30))
+    assert program._cache_size() == traced
+    assert not np.allclose(first, second)  # each on its own rows
+    ask(2, _rows(2, 31))  # another shape: another trace
+    assert program._cache_size() == traced + 1
 
 
 def test_clients_of_one_process_share_one_share_model():
