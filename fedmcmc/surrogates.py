@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .callsite import user_stacklevel
+from . import rng
 from .federation import Federation
 from .minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from .model import FlatModel
@@ -394,18 +395,18 @@ def _sgld_fit_program(flat_model, num_clients, step_size, batch_size, burn_in, d
         def grad_estimate(theta, key):
             # the library's one minibatch rule (fedmcmc.minibatch): at most batch_size rows,
             # every row once for a client that has no more
-            minibatch = take_minibatch(jax.random.uniform(key, (batch_size,)), data, 0, size,
+            minibatch = take_minibatch(rng.uniform(key, (batch_size,)), data, 0, size,
                                        may_be_smaller)
             return flat_model.grad_log_prior(theta) / num_clients + likelihood_gradient(
                 flat_model, theta, minibatch)
 
         def step(theta, key):
-            key_batch, key_noise = jax.random.split(key)
-            noise = jax.random.normal(key_noise, theta.shape, theta.dtype)
+            key_batch, key_noise = rng.split_key(key)
+            noise = rng.normal(key_noise, theta.shape, theta.dtype)
             theta = theta + 0.5 * step_size * grad_estimate(theta, key_batch) + jnp.sqrt(step_size) * noise
             return theta, theta
 
-        keys = jax.random.split(client_key, burn_in + draws)
+        keys = rng.split_key(client_key, burn_in + draws)
         _, samples = jax.lax.scan(step, start, keys)
         samples = samples[burn_in:]
         mean = jnp.mean(samples, axis=0)

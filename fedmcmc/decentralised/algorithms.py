@@ -305,7 +305,7 @@ class _Decentralised(Algorithm):
 
         def initial_states(key, theta0):
             positions = jnp.broadcast_to(theta0, (n, dim))
-            init_keys = jax.random.split(jax.random.fold_in(key, 2**20), chains)
+            init_keys = rng.split_key(rng.fold_in(key, 2**20), chains)
             return jax.vmap(lambda k: self._init_state(k, positions, local_gradient))(init_keys)
 
         # the keys and the states in one compiled program: eager key operations and
@@ -332,7 +332,7 @@ class _Decentralised(Algorithm):
         check_after = int(burn_in) * int(thin)
 
         def draw_step(key, state):
-            keys = jax.random.split(key, thin)
+            keys = rng.split_key(key, thin)
             state, _ = jax.lax.scan(lambda s, k: (step(k, s), None), state, keys)
             w = state.position
             w_bar = jnp.mean(w, axis=0)

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..diagnostics import bias_estimate
+from .. import rng
 from ..engines.comm import ClientFailureError, describe_federation, with_fault_injection
 from ..engines.comm import gather as comm_gather
 from ..engines.driver import ChainRun, drive
@@ -99,8 +100,8 @@ class _Agent:
             """Row i of ``kernels.local_gradient_fn``: -(M_i/min(m, M_i)) grad log p(X_hat_i|w) - grad log p(w)/n."""
             if batch_size is None:
                 return full_gradient(theta)
-            agent_key = jax.random.split(key, n)[i]
-            u = jax.random.uniform(agent_key, (batch_size,))
+            agent_key = rng.split_key(key, n)[i]
+            u = rng.uniform(agent_key, (batch_size,))
             # the library's one minibatch rule (batch_size an upper bound: fedmcmc.minibatch)
             batch = take_minibatch(u, self.data, 0, jnp.int32(self.size),
                                    may_be_smaller=self.size < batch_size)
@@ -118,11 +119,11 @@ class _Agent:
 
         def one_chain(chain, k, w, d, g, neighbours_w, neighbours_d, weights):
             key = iteration_key(root, chains, thin, chain, k)
-            key_grad, key_noise = jax.random.split(key)
+            key_grad, key_noise = rng.split_key(key)
             alpha = jnp.asarray(self.schedule(k), w.dtype)
             drift = d if tracking else gradient(key_grad, w)
             # row i of the (n, d) normal draw the in-process kernel makes for this key
-            v = jax.random.normal(key_noise, (n, dim), w.dtype)[i] if noise else None
+            v = rng.normal(key_noise, (n, dim), w.dtype)[i] if noise else None
             new_w = kernels.consensus_langevin_step(mix(w, neighbours_w, beta, weights), drift,
                                                     alpha, n, v)
             if tracking:

@@ -70,7 +70,7 @@ def _client_noise(flat_model, data, num_clients: int, batch_size: int, center, p
     def one(client):
         return unscaled_noise(
             flat_model, data, client, batch_size, jnp.asarray(center), points,
-            jax.random.fold_in(key, client), step_size_module.NOISE_PROBES_PER_CLIENT, full,
+            rng.fold_in(key, client), step_size_module.NOISE_PROBES_PER_CLIENT, full,
             variates, None if conducive is None else conducive(client))
 
     # lax.map over the clients, as over the points and probes inside (step_size.client_noise)
@@ -693,10 +693,10 @@ class FSGLD(DSGLD):
         clients = np.arange(weights.shape[0], dtype=np.int32)
 
         def moments(client):
-            base = jax.random.fold_in(key, 7)  # traced here: an eager fold_in compiles
+            base = rng.fold_in(key, 7)  # traced here: an eager fold_in compiles
             return estimator_moments(
                 flat_model, data, client, weights[client], self.batch_size, self.alpha,
-                surrogates, global_surrogate, center, jax.random.fold_in(base, client),
+                surrogates, global_surrogate, center, rng.fold_in(base, client),
                 self.radius_probes_per_client)
 
         means, second = jax.jit(lambda clients: jax.lax.map(moments, clients))(clients)

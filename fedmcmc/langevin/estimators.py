@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from ..federation import ConcatenatedData
+from .. import rng
 from ..minibatch import Minibatch, likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
 from ..protocols import client_from_uniform, draw_client  # noqa: F401 - re-exported: the scheduler
@@ -42,7 +43,7 @@ def draw_minibatch(key, layout: ConcatenatedData, client, batch_size: int) -> Mi
     """A minibatch of at most ``batch_size`` rows of ``client``, by the library's one rule
     (:mod:`fedmcmc.minibatch`): ``batch_size`` rows with replacement when the client has more,
     every row once (its exact gradient) when it has no more."""
-    return minibatch_from_uniforms(jax.random.uniform(key, (batch_size,)), layout, client)
+    return minibatch_from_uniforms(rng.uniform(key, (batch_size,)), layout, client)
 
 
 def minibatch_from_uniforms(uniforms, layout: ConcatenatedData, client,
@@ -176,7 +177,7 @@ def estimator_moments(flat_model: FlatModel, data: ConcatenatedData, client, cli
         )
 
     # lax.map over the probes: compiles in about half the time of vmap (step_size.client_noise)
-    values = jax.lax.map(estimate, jax.random.split(key, probes))
+    values = jax.lax.map(estimate, rng.split_key(key, probes))
     return jnp.mean(values, axis=0), jnp.mean(jnp.sum(values * values, axis=-1))
 
 

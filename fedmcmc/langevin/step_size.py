@@ -108,7 +108,7 @@ class StepSizeChoice(NamedTuple):
 def laplace_points(center, precision, key, count: int):
     """``count`` draws of N(center, precision^{-1}): where the noise is measured (the noise of
     an estimator with control variates vanishes at the centre itself)."""
-    normals = jax.random.normal(key, (count,) + center.shape, center.dtype)
+    normals = rng.normal(key, (count,) + center.shape, center.dtype)
     if precision.ndim == 1:
         return center + normals / jnp.sqrt(precision)
     factor = jnp.linalg.cholesky(precision)
@@ -121,11 +121,11 @@ def client_noise(estimate, center, points, key, probes: int, full: bool):
     two independent estimates at the same point: unbiased), (d, d) when ``full`` else its
     trace; and the estimator's mean at ``center`` over ``probes`` draws (for the spread
     between clients). ``estimate(theta, key) -> (d,)``."""
-    key_pairs, key_center = jax.random.split(key)
+    key_pairs, key_center = rng.split_key(key)
 
     def pair(point_and_key):
         theta, pair_key = point_and_key
-        first, second = jax.random.split(pair_key)
+        first, second = rng.split_key(pair_key)
         difference = estimate(theta, first) - estimate(theta, second)
         if full:
             return 0.5 * jnp.outer(difference, difference)
@@ -134,10 +134,10 @@ def client_noise(estimate, center, points, key, probes: int, full: bool):
     # lax.map, not vmap, over the points and the probes: the same values, about as fast, and
     # compiled in about half the time (vmapped minibatch gathers and gradients inside the
     # engines' vmap over clients are slow to compile; bench_startup --families FSGLD-auto)
-    within = jnp.mean(jax.lax.map(pair, (points, jax.random.split(key_pairs, points.shape[0]))),
+    within = jnp.mean(jax.lax.map(pair, (points, rng.split_key(key_pairs, points.shape[0]))),
                       axis=0)
     mean = jnp.mean(jax.lax.map(lambda k: estimate(center, k),
-                                jax.random.split(key_center, probes)), axis=0)
+                                rng.split_key(key_center, probes)), axis=0)
     return within, mean
 
 
