@@ -45,6 +45,8 @@ of their proposals (with one chain, ``info["event_iterations"]`` = ``info
 The last column is the Ray round's floor (``ray_round_floor``): as many bare actors, no JAX,
 answering a message of the same shape, sent the engine's way (ms per round), and the same
 round as a Ray compiled graph (``ray.dag``: shared-memory channels instead of task calls).
+``--floor-cpu-load N`` measures both again with N processes spinning on the CPU beside them,
+as when a test run or XLA compiling shares the machine.
 
 Per-round time is steady state: the ``on_chunk`` callback time-stamps every chunk (every
 draw on the distributed engines) with the rounds done so far, and the time from the end of
@@ -77,6 +79,8 @@ import contextlib
 import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -314,7 +318,22 @@ def ray_round_floor(num_workers: int, rounds: int = 1000):
             ray.kill(actor)
 
 
-def bench_pdmp(clients, draws, local_rounds):
+@contextlib.contextmanager
+def busy_processes(count: int):
+    """``count`` processes spinning on the CPU until the block ends: the floor measured
+    while other work competes for the cores (a test run next door, XLA compiling)."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(count)]
+    try:
+        time.sleep(0.5)  # let them start
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait()
+
+
+def bench_pdmp(clients, draws, local_rounds, floor_cpu_load: int = 0):
     print(f"\nFed Zig-Zag broadcast-and-gather, logistic regression d={DIM}, {ROWS} rows/worker, "
           f"sample_interval={PDMP_INTERVAL}, 1 chain, {draws} draws on inprocess/ray "
           f"(about {local_rounds} rounds on local); round = one event iteration = one "
@@ -345,6 +364,13 @@ def bench_pdmp(clients, draws, local_rounds):
         print(f"{'':>7} same draws: inprocess = ray {same}, inprocess = local {same_local}; "
               f"bytes/round in-process {inproc['bytes']:.0f} ({inproc['steady_bytes']:.0f})",
               flush=True)
+        if floor_cpu_load:
+            with busy_processes(floor_cpu_load):
+                loaded_calls, loaded_graph = ray_round_floor(num_workers)
+            loaded = "n/a" if loaded_graph is None else f"{loaded_graph * 1e3:.2f}"
+            print(f"{'':>7} floor with {floor_cpu_load} busy process(es) beside it: calls "
+                  f"{loaded_calls * 1e3:.2f} ms, compiled graph {loaded} ms per round",
+                  flush=True)
 
 
 # ----------------------------------------------------------------- FSGLD, Table 1 MLP
@@ -424,12 +450,17 @@ def main():
     parser.add_argument("--skip-neighbour", action="store_true")
     parser.add_argument("--skip-pdmp", action="store_true")
     parser.add_argument("--skip-fsgld", action="store_true")
+    parser.add_argument("--floor-cpu-load", type=int, default=0, metavar="N",
+                        help="also measure the Ray round's floor with N processes spinning "
+                        "on the CPU beside it (default 0: not measured)")
     parser.add_argument("--fsgld-rounds", type=int, default=None,
                         help="rounds per chain of the FSGLD Table 1 run (default 200, quick 50)")
     parser.add_argument("--fsgld-beta", type=float, nargs=2, default=[0.5, 0.5],
                         metavar=("A", "B"), help="Beta(a, b) label proportions (default: the "
                         "non-IID 0.5 0.5; the IID setting is 100 100)")
     args = parser.parse_args()
+    if args.floor_cpu_load < 0:
+        parser.error("--floor-cpu-load must be 0 or more")
     rounds = 25 if args.quick else 100
     chains = 4
 
@@ -478,7 +509,8 @@ def main():
                       f"{on_ray / local:>10.0f}", flush=True)
         if not args.skip_pdmp:
             bench_pdmp(args.clients, draws=12 if args.quick else 40,
-                       local_rounds=5_000 if args.quick else 20_000)
+                       local_rounds=5_000 if args.quick else 20_000,
+                       floor_cpu_load=args.floor_cpu_load)
         if not args.skip_fsgld:
             bench_fsgld(args.fsgld_rounds or (50 if args.quick else 200), chains,
                         *args.fsgld_beta)
