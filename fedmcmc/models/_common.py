@@ -8,13 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..algorithm import check_positive_float
-from ..algorithm import check_positive_int as positive_int
+from ..algorithm import check_positive_float, check_positive_int
 from ..federation import Federation
 
 PyTree = Any
 
 LOG_2PI = float(np.log(2.0 * np.pi))
+
+#: the model builders' check of a positive integer argument (``ValueError`` naming it)
+positive_int = check_positive_int
 
 
 def as_matrix(value: Any, dim: int, argument: str) -> np.ndarray:

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import integrate, stats
+from scipy import integrate
 
 import fedmcmc as fm
 from fedmcmc import models

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
-from fedmcmc.decentralised import graphs, kernels, tuning
+from fedmcmc.decentralised import graphs, kernels
 from fedmcmc.bench import problems
 from fedmcmc.decentralised.algorithms import NetworkBiasWarning
 

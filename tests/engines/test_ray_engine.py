@@ -18,7 +18,6 @@ of them, of width d) would break the rule.
 
 import math
 import os
-import threading
 
 import numpy as np
 import pytest

@@ -13,7 +13,6 @@ data, independently of the library. Each check is shown to reject a
 deliberately broken sampler (dropped 1/f_s, dropped noise).
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
-from fedmcmc.pdmp import boomerang, bps, models, zigzag
+from fedmcmc.pdmp import boomerang, bps, zigzag
 from fedmcmc.pdmp.dynamics import elliptic_flow
 from stats import check_gaussian_moments, ess_of_variance, trajectory_check
 from toy_problems import D, S, pdmp_gaussian_problem
