@@ -77,11 +77,15 @@ def auto_trust_radius(dim: int, step_size: float, noise_trace: float) -> float:
     therefore widened by 1 + (h/4) tr(C) / d. Without this, large minibatch noise would put
     the chain outside the radius often and the damping would change what is sampled.
     """
-    from scipy.stats import chi2
+    # the chi-square quantile from scipy.special, exactly what scipy.stats.chi2.ppf(q, dim)
+    # computes (chdtri(dim, 1 - q)): importing scipy.stats took about 0.6 s of every FSGLD
+    # run's start-up, scipy.special about 0.15 s
+    from scipy.special import chdtri
 
     widening = 1.0 + step_size * noise_trace / (4.0 * dim)
     widening = max(widening, 1.0) if np.isfinite(widening) else 1.0  # tr C >= 0 up to rounding
-    return float(np.sqrt(chi2.ppf(1 - 1e-4, df=dim) * widening))
+    quantile = 1 - 1e-4
+    return float(np.sqrt(chdtri(dim, 1.0 - quantile) * widening))
 
 
 def trust_damping(theta, base, conducive, region: TrustRegion):

@@ -134,6 +134,47 @@ def test_the_option_reaches_xla():
         assert "outer_dimension_partitions" in compiled[local.SPLIT_LOOPS_MIN_CHAINS]
 
 
+@pytest.mark.parametrize("dim", [1, 2, 5, 30, 710])
+@pytest.mark.parametrize("noise_trace", [0.0, 3.5, 1e4])
+def test_auto_trust_radius_is_the_widened_chi_square_quantile(dim, noise_trace):
+    """trust_radius='auto' (fsgld.auto_trust_radius, from scipy.special) is bit for bit
+    sqrt(chi2.ppf(1 - 1e-4, d) (1 + h tr C / (4 d))) of scipy.stats."""
+    from scipy.stats import chi2
+
+    h = 1e-3
+    widening = 1.0 + h * noise_trace / (4.0 * dim)
+    expected = float(np.sqrt(chi2.ppf(1 - 1e-4, df=dim) * widening))
+    assert fsgld.auto_trust_radius(dim, h, noise_trace) == expected
+    # a negative tr C (rounding) does not shrink the radius below the posterior's quantile
+    assert fsgld.auto_trust_radius(dim, h, -1.0) == float(np.sqrt(chi2.ppf(1 - 1e-4, df=dim)))
+
+
+def test_an_fsgld_run_does_not_import_scipy_stats():
+    """scipy.stats takes about 0.6 s to import: the default FSGLD run (trust_radius='auto')
+    must not need it (checked in a fresh process)."""
+    probe = """
+import sys
+import numpy as np
+import fedmcmc as fm
+rs = np.random.default_rng(0)
+clients = [{"x": rs.normal(size=(n, 2)).astype(np.float32)} for n in (30, 50)]
+model = fm.Model(log_prior=lambda p: -0.5 * (p ** 2).sum(),
+                 log_likelihood=lambda p, ex: -0.5 * ((ex["x"] - p) ** 2).sum())
+result = fm.sample(model, fm.Federation(clients), fm.FSGLD(step_size=1e-3, batch_size=10,
+                   local_steps=5), init=np.zeros(2, np.float32), num_samples=5, burn_in=0,
+                   chains=1, seed=0, progress=False)
+assert result.info["trust_radius"] > 0
+print("scipy.stats" in sys.modules)
+"""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "False"
+
+
 @pytest.mark.parametrize("total", [1, 19, 20, 21, 999, 1001, 12345])
 def test_default_chunks_are_nearly_equal(total):
     size = local.default_chunk_size(total)
