@@ -11,7 +11,8 @@ the draws in hand (the issue's "time to first draw"); the import itself is print
 * ``warm`` -- the same directory again, in another new process: programs read back.
 
 For each family (FSGLD with its default Laplace surrogates, Fed Zig-Zag; ``--families
-FSGLD-auto``: FSGLD with ``step_size="auto"``) the three are run in
+FSGLD-auto``: FSGLD with ``step_size="auto"``; ``DULA``: DULA with its "auto" settings on a
+ring) the three are run in
 turn ``--repeats`` times (default 2; a fresh directory for every cold run) and the fastest of
 each is kept. Printed: seconds, the ratios warm/cold and cold/off, and from JAX's monitoring
 events how many programs the run compiled or loaded, how many of those were cache hits, and
@@ -47,7 +48,7 @@ import time
 FAMILIES = ("FSGLD", "FedZigZag")
 #: ``--families`` may also name these (not run by default): FSGLD with ``step_size="auto"``,
 #: whose set-up compiles the clients' noise statistics
-EXTRA_FAMILIES = ("FSGLD-auto",)
+EXTRA_FAMILIES = ("FSGLD-auto", "DULA")
 #: ``--ray-problem table1``: the issue's case, FSGLD Table 1's small-client set-up (30 clients,
 #: MLP 18-18-8, SGLD surrogates of 3,000 draws per client) on 335 generated rows per client
 RAY_PROBLEMS = ("toy", "table1")
@@ -100,6 +101,7 @@ if family != "FSGLD-table1":
     "FSGLD": fm.FSGLD(step_size=1e-3, batch_size=20, local_steps=10),
     "FSGLD-auto": fm.FSGLD(step_size="auto", batch_size=20, local_steps=10),
     "FedZigZag": fm.FedZigZag(sample_interval=0.5),
+    "DULA": fm.DULA(),
   }[family]
 result = fm.sample(model, federation, algorithm, init=init, seed=0, progress=False, engine=engine,
                    **kwargs, **engine_options)

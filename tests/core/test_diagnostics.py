@@ -97,3 +97,70 @@ def test_inputs_and_errors():
         d.wasserstein_marginal(rng.standard_normal((10, 2)), rng.standard_normal((10, 3)))
     with pytest.raises(ValueError, match="at least 2"):
         d.mmd(np.full((5, 1), np.nan), rng.standard_normal((5, 1)))
+
+
+def _ess_cases():
+    """(chains, draws) arrays of every kind the bias estimate can meet: independent,
+    autocorrelated, tied, alternating, heavy-tailed, odd lengths, one chain, constant."""
+    rng = np.random.default_rng(3)
+    cases = []
+    for index in range(60):
+        chains, draws = int(rng.integers(1, 6)), int(rng.integers(4, 300))
+        x = rng.standard_normal((chains, draws))
+        if index % 3 == 1:
+            for t in range(1, draws):
+                x[:, t] = 0.9 * x[:, t - 1] + x[:, t]
+        if index % 5 == 2:
+            x = np.round(x, 1)
+        if index % 7 == 3:
+            x[:, ::2] += 3.0
+        if index % 11 == 4:
+            x = rng.standard_cauchy((chains, draws))
+        cases.append(x)
+    cases += [np.ones((2, 10)), np.r_[np.ones(10), 2 * np.ones(10)].reshape(2, 10)]
+    return cases
+
+
+def test_bias_estimates_ess_and_mcse_are_arvizs():
+    """The bias estimate's bulk ESS and MCSE of the mean (NumPy, so that a decentralised run
+    need not import ArviZ) are ArviZ's numbers; the same check rejects the ESS without the
+    rank normalisation (what "bulk" adds)."""
+    az = pytest.importorskip("arviz")
+    from fedmcmc.diagnostics import _bulk_ess, _ess_of_chains, _mcse_mean, _split_chains
+
+    unranked_differs = False
+    for x in _ess_cases():
+        expected_ess = float(az.ess(x, method="bulk"))
+        assert _bulk_ess(x) == pytest.approx(expected_ess, rel=1e-10, abs=1e-12)
+        assert _mcse_mean(x) == pytest.approx(float(az.mcse(x, method="mean")),
+                                              rel=1e-10, abs=1e-12)
+        unranked = _ess_of_chains(_split_chains(x))
+        unranked_differs |= abs(unranked - expected_ess) > 1e-3 * expected_ess
+    assert unranked_differs
+    assert np.isnan(_bulk_ess(np.full((2, 10), np.nan)))
+    assert np.isnan(_mcse_mean(np.zeros((2, 3))))  # fewer than 4 draws: ArviZ's nan
+
+
+def test_a_decentralised_run_does_not_import_arviz():
+    """ArviZ (with matplotlib, pandas and xarray) took 1.3 s to import, more than half of a
+    small DULA run in a new process: the run's bias estimate must not need it."""
+    import subprocess
+    import sys
+
+    probe = """
+import sys
+import numpy as np
+import fedmcmc as fm
+rs = np.random.default_rng(0)
+clients = [{"x": rs.normal(size=(n, 2)).astype(np.float32)} for n in (30, 50, 20)]
+model = fm.Model(log_prior=lambda p: -0.5 * (p ** 2).sum(),
+                 log_likelihood=lambda p, ex: -0.5 * ((ex["x"] - p) ** 2).sum())
+result = fm.sample(model, fm.Federation(clients), fm.DULA(), init=np.zeros(2, np.float32),
+                   num_samples=40, burn_in=10, chains=2, seed=0, progress=False)
+assert set(result.info["bias_estimate"]) == {"in_sd", "standard_error", "ess"}
+print("arviz" in sys.modules)
+"""
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "False"
