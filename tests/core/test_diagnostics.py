@@ -121,14 +121,16 @@ def _ess_cases():
     return cases
 
 
-def test_bias_estimates_ess_and_mcse_are_arvizs():
-    """The bias estimate's bulk ESS and MCSE of the mean (NumPy, so that a decentralised run
-    need not import ArviZ) are ArviZ's numbers; the same check rejects the ESS without the
-    rank normalisation (what "bulk" adds)."""
+def test_bulk_ess_rank_rhat_and_mcse_are_arvizs():
+    """fm.diagnostics.ess and rhat (default methods) and the bias estimate's MCSE of the mean
+    are computed in NumPy, so that neither a decentralised run nor a reference needs to import
+    ArviZ: they are ArviZ's numbers. The same check rejects the ESS without the rank
+    normalisation (what "bulk" adds) and R-hat without the folded (tail) part."""
     az = pytest.importorskip("arviz")
-    from fedmcmc.diagnostics import _bulk_ess, _ess_of_chains, _mcse_mean, _split_chains
+    from fedmcmc.diagnostics import (_bulk_ess, _ess_of_chains, _mcse_mean, _rank_normalised,
+                                     _split_chains, _split_rhat)
 
-    unranked_differs = False
+    unranked_differs = unfolded_differs = False
     for x in _ess_cases():
         expected_ess = float(az.ess(x, method="bulk"))
         assert _bulk_ess(x) == pytest.approx(expected_ess, rel=1e-10, abs=1e-12)
@@ -136,14 +138,26 @@ def test_bias_estimates_ess_and_mcse_are_arvizs():
                                               rel=1e-10, abs=1e-12)
         unranked = _ess_of_chains(_split_chains(x))
         unranked_differs |= abs(unranked - expected_ess) > 1e-3 * expected_ess
-    assert unranked_differs
+        if x.shape[0] >= 2:
+            expected_rhat = float(az.rhat(x, method="rank"))
+            ours = float(d.rhat(x)[0])
+            if np.isnan(expected_rhat):
+                assert np.isnan(ours)
+                continue
+            assert ours == pytest.approx(expected_rhat, rel=1e-10)
+            bulk_only = _split_rhat(_rank_normalised(_split_chains(x)))
+            unfolded_differs |= abs(bulk_only - expected_rhat) > 1e-3
+        assert float(d.ess(x)[0]) == pytest.approx(expected_ess, rel=1e-10, abs=1e-12)
+    assert unranked_differs and unfolded_differs
+    assert np.isnan(d.rhat(np.zeros((1, 10)))[0])  # one chain: ArviZ's nan
     assert np.isnan(_bulk_ess(np.full((2, 10), np.nan)))
     assert np.isnan(_mcse_mean(np.zeros((2, 3))))  # fewer than 4 draws: ArviZ's nan
 
 
 def test_a_decentralised_run_does_not_import_arviz():
     """ArviZ (with matplotlib, pandas and xarray) took 1.3 s to import, more than half of a
-    small DULA run in a new process: the run's bias estimate must not need it."""
+    small DULA run in a new process: the run's bias estimate must not need it, nor the
+    default ESS and R-hat."""
     import subprocess
     import sys
 
@@ -158,6 +172,7 @@ model = fm.Model(log_prior=lambda p: -0.5 * (p ** 2).sum(),
 result = fm.sample(model, fm.Federation(clients), fm.DULA(), init=np.zeros(2, np.float32),
                    num_samples=40, burn_in=10, chains=2, seed=0, progress=False)
 assert set(result.info["bias_estimate"]) == {"in_sd", "standard_error", "ess"}
+assert np.isfinite(fm.diagnostics.ess(result)).all() and np.isfinite(fm.diagnostics.rhat(result)).all()
 print("arviz" in sys.modules)
 """
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
