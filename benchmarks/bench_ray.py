@@ -318,6 +318,11 @@ def ray_round_floor(num_workers: int, rounds: int = 1000):
             ray.kill(actor)
 
 
+def _milliseconds(seconds) -> str:
+    """A floor in ms, or n/a where this Ray has no compiled graphs."""
+    return "n/a" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
 @contextlib.contextmanager
 def busy_processes(count: int):
     """``count`` processes spinning on the CPU until the block ends: the floor measured
@@ -348,7 +353,6 @@ def bench_pdmp(clients, draws, local_rounds, floor_cpu_load: int = 0):
         local, r_local = pdmp_local(model, federation, local_draws)
         on_ray, r_ray = pdmp_distributed(model, federation, draws, "ray")
         floor_calls, floor_graph = ray_round_floor(num_workers)
-        graph = "n/a" if floor_graph is None else f"{floor_graph * 1e3:.2f}"
         same = bool(np.allclose(np.asarray(r_in.samples), np.asarray(r_ray.samples),
                                 rtol=1e-6, atol=1e-8))
         first = np.asarray(r_local.samples)[:, :draws]
@@ -359,7 +363,7 @@ def bench_pdmp(clients, draws, local_rounds, floor_cpu_load: int = 0):
               f"{local['steady_rounds']:>8}/{inproc['steady_rounds']}/{on_ray['steady_rounds']:<5} "
               f"{local['startup']:>6.0f}/{inproc['startup']:.0f}/{on_ray['startup']:<5.0f} "
               f"{on_ray['setup']:>12.1f} {on_ray['bytes']:>8.0f} ({on_ray['steady_bytes']:.0f})"
-              f" {floor_calls * 1e3:>10.2f} / {graph}",
+              f" {floor_calls * 1e3:>10.2f} / {_milliseconds(floor_graph)}",
               flush=True)
         print(f"{'':>7} same draws: inprocess = ray {same}, inprocess = local {same_local}; "
               f"bytes/round in-process {inproc['bytes']:.0f} ({inproc['steady_bytes']:.0f})",
@@ -367,9 +371,9 @@ def bench_pdmp(clients, draws, local_rounds, floor_cpu_load: int = 0):
         if floor_cpu_load:
             with busy_processes(floor_cpu_load):
                 loaded_calls, loaded_graph = ray_round_floor(num_workers)
-            loaded = "n/a" if loaded_graph is None else f"{loaded_graph * 1e3:.2f}"
             print(f"{'':>7} floor with {floor_cpu_load} busy process(es) beside it: calls "
-                  f"{loaded_calls * 1e3:.2f} ms, compiled graph {loaded} ms per round",
+                  f"{loaded_calls * 1e3:.2f} ms, compiled graph {_milliseconds(loaded_graph)} "
+                  "ms per round",
                   flush=True)
 
 

@@ -325,9 +325,10 @@ def _average_ranks(flat: np.ndarray) -> np.ndarray:
     """Ranks 1..S of ``flat``, ties given their average rank."""
     order = np.argsort(flat, kind="mergesort")
     ordered = flat[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # first of each run
+    new_value = np.r_[True, ordered[1:] != ordered[:-1]]
+    starts = np.flatnonzero(new_value)  # first of each run of equal values
     ends = np.r_[starts[1:], flat.size]  # one past the last
-    group = np.cumsum(np.r_[True, ordered[1:] != ordered[:-1]]) - 1
+    group = np.cumsum(new_value) - 1
     ranks = np.empty(flat.size)
     ranks[order] = 0.5 * (starts[group] + 1 + ends[group])
     return ranks

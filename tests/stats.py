@@ -6,13 +6,11 @@ import numpy as np
 
 
 def ess_per_coordinate(draws: np.ndarray) -> np.ndarray:
-    """Bulk ESS (ArviZ) of each coordinate of draws shaped (chains, draws, dim)."""
-    import arviz as az
+    """Bulk ESS of each coordinate of draws shaped (chains, draws, dim): ``fm.diagnostics.ess``
+    (ArviZ's numbers; tests/core/test_diagnostics.py checks them against ArviZ)."""
+    import fedmcmc as fm
 
-    draws = np.asarray(draws, dtype=np.float64)
-    return np.array(
-        [float(az.ess(draws[:, :, i], method="bulk")) for i in range(draws.shape[-1])]
-    )
+    return fm.diagnostics.ess(np.asarray(draws, dtype=np.float64))
 
 
 def ess_of_variance(draws: np.ndarray) -> np.ndarray:
