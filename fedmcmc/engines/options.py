@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+import numpy as np
+
 from ..algorithm import check_positive_float, check_positive_int
 from ..checkpoint import RUN_OPTIONS
 
@@ -18,6 +20,7 @@ ENGINE_OPTIONS = (
     "client_resources",
     "client_num_cpus",
     "clients_per_actor",  # client endpoints per Ray actor (default 1; "auto": one actor per CPU)
+    "reuse_actors",  # keep client actors for the next run on a Ray instance that outlives this one
     "audit_messages",
     "ray_init_options",
     "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
@@ -29,7 +32,7 @@ ENGINE_OPTIONS = (
 
 #: the options that only the Ray engine reads
 RAY_ONLY_OPTIONS = ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
-                    "clients_per_actor", "allow_unauthenticated_cluster")
+                    "clients_per_actor", "reuse_actors", "allow_unauthenticated_cluster")
 
 
 def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray") -> Dict[str, Any]:
@@ -67,6 +70,10 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
         except ValueError:
             raise ValueError("clients_per_actor must be a positive integer or 'auto', "
                              f"got {per_actor!r}") from None
+    if "reuse_actors" in out:
+        if not isinstance(out["reuse_actors"], (bool, np.bool_)):
+            raise ValueError(f"reuse_actors must be True or False, got {out['reuse_actors']!r}")
+        out["reuse_actors"] = bool(out["reuse_actors"])
     timeout = out.get("visit_timeout")
     if timeout is not None:
         out["visit_timeout"] = check_positive_float(timeout, "visit_timeout")

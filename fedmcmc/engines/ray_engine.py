@@ -51,6 +51,16 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     contending for the same cores. An integer k: at most k per actor. With
     ``client_resources``, only clients whose resource dicts are equal share an
     actor. ``info["ray_actors"]`` lists the clients of each actor.
+``reuse_actors``
+    ``True`` (default): on a Ray instance that was running before the run (and so
+    outlives it), the run's actors are kept idle at its end, their clients' data
+    dropped, and the next run's clients with the same reservations
+    (``client_num_cpus``, ``client_resources``) are hosted by them: no new process
+    importing JAX and compiling (``info["ray_actors_reused"]`` counts them). An actor
+    whose client failed or that is still busy is ended. Idle actors keep what they
+    reserve; :func:`release_idle_actors` ends them, as do ``ray.shutdown()`` and the
+    end of the driver process. A local instance the run starts ends with it: nothing
+    is kept. ``False``: every run starts and ends its own actors.
 ``audit_messages``
     Keep the shape and dtype of every array a client sends in
     ``info["client_message_audit"]``.
@@ -69,7 +79,9 @@ Options of ``fm.sample(..., engine="ray", **options)``:
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
+import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from .comm import ClientFailure, Pending, Transport
@@ -81,7 +93,7 @@ from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this modul
 )
 
 __all__ = ["ray_session", "ray_transports", "RayTransport", "ClientHost", "LOOPBACK",
-           "actor_groups", "UnauthenticatedClusterError"]
+           "actor_groups", "UnauthenticatedClusterError", "release_idle_actors", "idle_actors"]
 
 
 class ClientHost:
@@ -96,11 +108,26 @@ class ClientHost:
     def __init__(self, specs: Sequence[tuple]):
         self.clients: Dict[int, Any] = {}
         self.failed: Dict[int, BaseException] = {}
+        self.load(specs)
+
+    def load(self, specs: Sequence[tuple]) -> int:
+        """Host the endpoints ``specs`` describes (a reused actor's next run), dropping any
+        it hosted before; returns how many were built."""
+        self.clients, self.failed = {}, {}
         for client, cls, args in specs:
             try:
                 self.clients[int(client)] = cls(*args)
             except Exception as error:  # noqa: BLE001 - reported on the client's messages
                 self.failed[int(client)] = error
+        return len(self.clients)
+
+    def unload(self) -> bool:
+        """Drop every hosted endpoint and its data (the actor goes back to the idle pool);
+        answered after every message sent before it, so an answer means the actor is alive
+        and not busy."""
+        self.clients, self.failed = {}, {}
+        gc.collect()
+        return True
 
     def dispatch(self, client: int, method: str, *args):
         """Deliver one message: ``method(*args)`` of client ``client``'s endpoint."""
@@ -135,6 +162,81 @@ class ClientHost:
     def stop(self, client: int) -> None:
         """Drop client ``client``'s endpoint (and its data) from this actor."""
         self.clients.pop(client, None)
+
+
+class _IdleActors:
+    """:class:`ClientHost` actors kept alive between runs on a Ray instance that outlives them
+    (the engine option ``reuse_actors``), by what they reserve.
+
+    Starting an actor is a new Python process importing JAX and fedmcmc and compiling (or
+    loading) its client's programs; a reused one has all of that done, and its programs of
+    the same shapes in memory (``benchmarks/bench_startup.py --ray`` times a second run).
+    Actors are reused only for clients that reserve exactly the same resources
+    (``client_num_cpus``, ``client_resources``): with ``client_resources`` pinning each client
+    to its own node, a client's next run lands on the same node. Entries of another Ray
+    instance (after ``ray.shutdown()`` and a new ``ray.init``) are forgotten."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._cluster: Optional[tuple] = None
+        self._hosts: Dict[tuple, List[Any]] = {}
+
+    def _hosts_here(self, ray) -> Dict[tuple, List[Any]]:
+        """The idle actors of the Ray instance this process is connected to (call with the
+        lock held): entries of an instance since shut down are forgotten."""
+        if not ray.is_initialized():
+            self._cluster, self._hosts = None, {}
+            return self._hosts
+        context = ray.get_runtime_context()
+        cluster = (context.get_job_id(), context.get_node_id())
+        if self._cluster != cluster:
+            self._cluster, self._hosts = cluster, {}
+        return self._hosts
+
+    def take(self, ray, reserved: tuple) -> Optional[Any]:
+        with self._lock:
+            hosts = self._hosts_here(ray).get(reserved)
+            return hosts.pop() if hosts else None
+
+    def put(self, ray, reserved: tuple, actor: Any) -> None:
+        with self._lock:
+            self._hosts_here(ray).setdefault(reserved, []).append(actor)
+
+    def release(self) -> int:
+        """Kill every idle actor; returns how many there were."""
+        ray = _import_ray()
+        with self._lock:
+            hosts = [actor for group in self._hosts_here(ray).values() for actor in group]
+            self._hosts = {}
+        for actor in hosts:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        return len(hosts)
+
+    def count(self) -> int:
+        with self._lock:
+            return sum(len(group) for group in self._hosts_here(_import_ray()).values())
+
+
+_IDLE_ACTORS = _IdleActors()
+
+#: seconds an actor has to answer ``unload`` at the end of a run to be kept for the next
+#: (an actor still busy with a message of the run, or dead, is killed instead)
+UNLOAD_TIMEOUT = 5.0
+
+
+def release_idle_actors() -> int:
+    """Kill the client actors ``engine="ray"`` keeps between runs (option ``reuse_actors``)
+    on the Ray instance this process is connected to; returns how many it killed. They also
+    end with the driver process or ``ray.shutdown()``."""
+    return _IDLE_ACTORS.release()
+
+
+def idle_actors() -> int:
+    """How many client actors are idle, kept for the next ``engine="ray"`` run."""
+    return _IDLE_ACTORS.count()
 
 
 class _Batch:
@@ -201,7 +303,7 @@ class RayTransport(Transport):
 
     def __init__(self, specs: Sequence[tuple], *, resources: Optional[Sequence[dict]] = None,
                  num_cpus: float = 0, audit: bool = False,
-                 groups: Optional[Sequence[Sequence[int]]] = None):
+                 groups: Optional[Sequence[Sequence[int]]] = None, reuse: bool = False):
         super().__init__(len(specs), audit)
         ray = _import_ray()
         self._ray = ray
@@ -215,16 +317,31 @@ class RayTransport(Transport):
                              f"got {groups}")
         self.groups = groups
         self.actor_of = {client: a for a, group in enumerate(groups) for client in group}
-        host_class = ray.remote(ClientHost)
-        self.actors = []
+        self._reuse = bool(reuse)
+        self.actors, self._reserved, loads = [], [], []
         for group in groups:
             options: Dict[str, Any] = {"num_cpus": num_cpus * len(group), "max_restarts": 0}
             if resources is not None and resources[group[0]]:
                 options["resources"] = dict(resources[group[0]])
+            reserved = (float(options["num_cpus"]),
+                        tuple(sorted(options.get("resources", {}).items())))
             # the clients' data go to the actor once, at creation (in a real deployment the
             # data would already be there); it is not a protocol message and is not counted
             hosted = [(client, specs[client][0], specs[client][1]) for client in group]
-            self.actors.append(host_class.options(**options).remote(hosted))
+            actor = _IDLE_ACTORS.take(ray, reserved) if self._reuse else None
+            if actor is None:
+                actor = ray.remote(ClientHost).options(**options).remote(hosted)
+            else:
+                loads.append((len(self.actors), actor.load.remote(hosted), options, hosted))
+            self.actors.append(actor)
+            self._reserved.append(reserved)
+        self.reused_actors = 0
+        for index, ref, options, hosted in loads:
+            try:
+                ray.get(ref)
+                self.reused_actors += 1
+            except ray.exceptions.RayActorError:  # died while idle: a new one instead
+                self.actors[index] = ray.remote(ClientHost).options(**options).remote(hosted)
         self._dead = set()
 
     @classmethod
@@ -235,11 +352,13 @@ class RayTransport(Transport):
         groups = actor_groups(len(specs), options.get("clients_per_actor"), resources,
                               _import_ray().cluster_resources().get("CPU", 1))
         return cls(specs, resources=resources, num_cpus=options.get("client_num_cpus", 0),
-                   groups=groups)
+                   groups=groups, reuse=options.get("reuse_actors", False))
 
     def placement(self) -> Dict[str, Any]:
-        """``ray_actors``: the clients each actor hosts."""
-        return {"ray_actors": [list(group) for group in self.groups]}
+        """``ray_actors``: the clients each actor hosts; ``ray_actors_reused``: how many of
+        those actors an earlier run had started (``reuse_actors``)."""
+        return {"ray_actors": [list(group) for group in self.groups],
+                "ray_actors_reused": self.reused_actors}
 
     def _send(self, client: int, method: str, args) -> Any:
         return self.actors[self.actor_of[client]].deliver.remote((client, method, tuple(args)))
@@ -353,7 +472,27 @@ class RayTransport(Transport):
             pass
 
     def close(self) -> None:
-        for actor in self.actors:
+        """End the run's actors, or with ``reuse`` keep for the next run those whose clients
+        all lived and that answer :meth:`ClientHost.unload` within :data:`UNLOAD_TIMEOUT`."""
+        kept = set()
+        if self._reuse:
+            candidates = {a: actor.unload.remote() for a, actor in enumerate(self.actors)
+                          if not any(c in self._dead for c in self.groups[a])}
+            try:
+                ready = set(self._ray.wait(list(candidates.values()), num_returns=len(candidates),
+                                           timeout=UNLOAD_TIMEOUT)[0])
+            except Exception:  # noqa: BLE001 - Ray stopped: keep none
+                ready = set()
+            for a, ref in candidates.items():
+                try:
+                    if ref in ready and self._ray.get(ref, timeout=0):
+                        kept.add(a)
+                except Exception:  # noqa: BLE001 - this actor died: end it
+                    pass
+        for a, actor in enumerate(self.actors):
+            if a in kept:
+                _IDLE_ACTORS.put(self._ray, self._reserved[a], actor)
+                continue
             try:
                 self._ray.kill(actor, no_restart=True)
             except Exception:  # already gone
@@ -369,6 +508,9 @@ def ray_transports(options: Dict[str, Any]) -> Iterator[Callable[[Sequence[tuple
     the ``make_transport(specs)`` a pattern's driver takes: a :class:`RayTransport` as the
     options ``client_resources``, ``client_num_cpus`` and ``clients_per_actor`` ask
     (:meth:`RayTransport.from_options`)."""
+    # actors outlive the run only on an instance that does (one the run starts, it stops)
+    reuse = options.get("reuse_actors", True) and _import_ray().is_initialized()
+    options = dict(options, reuse_actors=reuse)
     with ray_session(options.get("ray_address"), options.get("ray_init_options"),
                      options.get("allow_unauthenticated_cluster", False)):
         yield lambda specs: RayTransport.from_options(specs, options)

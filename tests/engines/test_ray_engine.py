@@ -362,6 +362,39 @@ def test_engine_options_are_checked(local_ray):
                   engine="ray", **KILL_KW)
 
 
+def test_later_runs_reuse_the_actors_and_give_the_same_draws(local_ray):
+    """On a Ray instance that outlives the run (the default reuse_actors=True) the next run's
+    clients are hosted by the previous run's actors: the same draws as new actors give; a
+    client that died is not kept; reuse_actors=False starts and ends its own."""
+    from fedmcmc.engines.ray_engine import idle_actors, release_idle_actors
+
+    release_idle_actors()
+    federation = gaussian_federation()
+    algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
+    kw = dict(KILL_KW, num_samples=20, engine="ray", visit_timeout=TIMEOUT)
+    fresh = fm.sample(GAUSSIAN_MODEL, federation, algorithm, reuse_actors=False, **kw)
+    assert fresh.info["ray_actors_reused"] == 0 and idle_actors() == 0
+    first = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **kw)
+    assert first.info["ray_actors_reused"] == 0 and idle_actors() == 4
+    second = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **kw)
+    assert second.info["ray_actors_reused"] == 4 and idle_actors() == 4
+    for run in (first, second):
+        np.testing.assert_array_equal(run.flat_samples(), fresh.flat_samples())
+    with pytest.raises(ClientFailureError):
+        fm.sample(GAUSSIAN_MODEL, federation, algorithm,
+                  fault_injection={"client": 1, "after_visits": 3, "kind": "exit"}, **kw)
+    assert idle_actors() == 3  # client 1's actor ended
+    third = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **kw)
+    assert third.info["ray_actors_reused"] == 3
+    np.testing.assert_array_equal(third.flat_samples(), fresh.flat_samples())
+    with pytest.raises(ValueError, match="reuse_actors must be True or False"):
+        fm.sample(GAUSSIAN_MODEL, federation, algorithm, reuse_actors="yes", **kw)
+    local_kw = {k: v for k, v in kw.items() if k not in ("engine", "visit_timeout")}
+    with pytest.raises(ValueError, match="reuse_actors"):
+        fm.sample(GAUSSIAN_MODEL, federation, algorithm, reuse_actors=True, **local_kw)
+    assert release_idle_actors() == 4 and idle_actors() == 0
+
+
 DECENTRALISED_KW = dict(init=jnp.zeros(DIM), num_samples=40, burn_in=5, thin=3, chains=2, seed=4)
 
 

@@ -175,7 +175,7 @@ def test_call_each_sends_one_actor_call_per_actor_and_keeps_failures_per_client(
             transport, transport.call_each([0, 2, 3], "describe", lambda client: ()), TIMEOUT)
         assert [v.size for v in (values[0], values[2])] == [3, 6] and values[1] is None  # rows
         assert [p.client for p, _ in failures] == [2]
-        assert transport.placement() == {"ray_actors": [[0, 1, 2], [3]]}
+        assert transport.placement() == {"ray_actors": [[0, 1, 2], [3]], "ray_actors_reused": 0}
     finally:
         transport.close()
 
@@ -212,3 +212,67 @@ def test_wait_every_returns_once_every_reply_is_in_or_at_the_timeout(local_ray):
         assert [p.client for p in ready] == [0] and [p.client for p in waiting] == [1]
     finally:
         transport.close()
+
+
+def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, monkeypatch):
+    """reuse=True: at close an actor that answers ``unload`` in time goes to the idle pool and
+    hosts the next transport's client (same process); one still busy, or dead, is ended; a
+    transport without reuse neither takes nor gives; release_idle_actors ends the pool."""
+    import time
+
+    from fedmcmc.engines import ray_engine
+    from fedmcmc.engines.comm import ClientEndpoint, collect
+    from fedmcmc.engines.ray_engine import RayTransport, idle_actors, release_idle_actors
+
+    class Probe(ClientEndpoint):  # local class: Ray ships it by value
+        def pid(self):
+            return os.getpid()
+
+        def nap(self, seconds):
+            time.sleep(seconds)
+            return self.index
+
+        def crash(self):
+            os._exit(1)
+
+    release_idle_actors()
+    monkeypatch.setattr(ray_engine, "UNLOAD_TIMEOUT", 1.0)
+    source = functools.partial(np.zeros, (2, 1), np.float32)
+    specs = [(Probe, (s, source)) for s in range(3)]
+
+    def pids(transport):
+        values, failures = collect(transport, transport.call_each(range(3), "pid", lambda c: ()),
+                                   TIMEOUT)
+        assert failures == []
+        return values
+
+    first = RayTransport(specs, reuse=True)
+    try:
+        before = pids(first)
+        assert first.reused_actors == 0 and len(set(before)) == 3
+        busy = first.call(1, "nap", 60.0)  # still running at close: ended, not kept
+        crashed = first.call(2, "crash")  # dead: ended
+        _, failures = collect(first, [crashed], TIMEOUT)
+        assert [p.client for p, _ in failures] == [2]
+        assert busy.handle is not None
+    finally:
+        first.close()
+    assert idle_actors() == 1
+
+    second = RayTransport(specs, reuse=True)
+    try:
+        after = pids(second)
+        assert second.reused_actors == 1
+        assert after[0] == before[0] and not set(after[1:]) & set(before)
+        assert second.placement()["ray_actors_reused"] == 1
+    finally:
+        second.close()
+    assert idle_actors() == 3
+
+    third = RayTransport(specs)  # reuse=False: new actors, ended at close
+    try:
+        assert third.reused_actors == 0 and not set(pids(third)) & set(after)
+    finally:
+        third.close()
+    assert idle_actors() == 3
+    assert release_idle_actors() == 3 and idle_actors() == 0
