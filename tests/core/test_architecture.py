@@ -11,9 +11,10 @@ import ast
 import pathlib
 import shutil
 import subprocess
-import sys
 
 import pytest
+
+from probes import modules_loaded_by
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -45,12 +46,7 @@ LAZY_LIBRARIES = ("networkx", "scipy", "arviz", "matplotlib", "pandas", "ray", "
 
 
 def test_import_fedmcmc_does_not_load_libraries_only_some_functions_need():
-    probe = ("import sys, fedmcmc; "
-             f"print(' '.join(m for m in {LAZY_LIBRARIES!r} if m in sys.modules))")
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split() == []
+    assert modules_loaded_by("import fedmcmc", LAZY_LIBRARIES, timeout=120) == []
 
 
 def test_no_private_name_is_imported_from_another_module():
@@ -59,7 +55,8 @@ def test_no_private_name_is_imported_from_another_module():
 
 def test_tests_mirror_the_package_and_share_helpers_only_through_helper_modules():
     """Test modules live in folders named after the package's parts, import no other test
-    module (shared problems and checks are in tests/toy_problems.py and tests/stats.py) and
+    module (shared problems, checks and fresh-process probes are in tests/toy_problems.py,
+    tests/stats.py and tests/probes.py) and
     never edit sys.path (tests/conftest.py's folder is on it)."""
     tests = ROOT / "tests"
     folders = {"core", "langevin", "pdmp", "decentralised", "baselines", "engines", "cli"}
