@@ -121,6 +121,10 @@ class ClientHost:
                 self.failed[int(client)] = error
         return len(self.clients)
 
+    def alive(self) -> bool:
+        """An idle actor's answer to the next run that takes it from the pool."""
+        return True
+
     def unload(self) -> bool:
         """Drop every hosted endpoint and its data (the actor goes back to the idle pool);
         answered after every message sent before it, so an answer means the actor is alive
@@ -318,7 +322,7 @@ class RayTransport(Transport):
         self.groups = groups
         self.actor_of = {client: a for a, group in enumerate(groups) for client in group}
         self._reuse = bool(reuse)
-        self.actors, self._reserved, loads = [], [], []
+        self.actors, self._reserved, reused = [], [], []
         for group in groups:
             options: Dict[str, Any] = {"num_cpus": num_cpus * len(group), "max_restarts": 0}
             if resources is not None and resources[group[0]]:
@@ -332,17 +336,39 @@ class RayTransport(Transport):
             if actor is None:
                 actor = ray.remote(ClientHost).options(**options).remote(hosted)
             else:
-                loads.append((len(self.actors), actor.load.remote(hosted), options, hosted))
+                reused.append((len(self.actors), actor, options, hosted))
             self.actors.append(actor)
             self._reserved.append(reserved)
-        self.reused_actors = 0
-        for index, ref, options, hosted in loads:
-            try:
-                ray.get(ref)
-                self.reused_actors += 1
-            except ray.exceptions.RayActorError:  # died while idle: a new one instead
-                self.actors[index] = ray.remote(ClientHost).options(**options).remote(hosted)
+        self.reused_actors = self._host_on_idle_actors(reused)
         self._dead = set()
+
+    def _host_on_idle_actors(self, reused: List[tuple]) -> int:
+        """Load the clients of ``reused`` (``(index, actor, options, hosted)``) into the idle
+        actors taken for them; an actor that does not answer within :data:`UNLOAD_TIMEOUT`
+        (it died while idle) is replaced by a new one. The loading itself is not waited for:
+        the run's first message to a client is answered after it, as after a new actor's
+        construction. Returns how many actors were reused."""
+        ray = self._ray
+        if not reused:
+            return 0
+        checks = [actor.alive.remote() for _, actor, _, _ in reused]
+        ready = set(ray.wait(checks, num_returns=len(checks), timeout=UNLOAD_TIMEOUT)[0])
+        count = 0
+        for (index, actor, options, hosted), check in zip(reused, checks):
+            try:
+                alive = check in ready and ray.get(check, timeout=0)
+            except Exception:  # noqa: BLE001 - it died while idle
+                alive = False
+            if alive:
+                actor.load.remote(hosted)
+                count += 1
+                continue
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            self.actors[index] = ray.remote(ClientHost).options(**options).remote(hosted)
+        return count
 
     @classmethod
     def from_options(cls, specs: Sequence[tuple], options: Dict[str, Any]) -> "RayTransport":

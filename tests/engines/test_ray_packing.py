@@ -216,8 +216,10 @@ def test_wait_every_returns_once_every_reply_is_in_or_at_the_timeout(local_ray):
 
 def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, monkeypatch):
     """reuse=True: at close an actor that answers ``unload`` in time goes to the idle pool and
-    hosts the next transport's client (same process); one still busy, or dead, is ended; a
-    transport without reuse neither takes nor gives; release_idle_actors ends the pool."""
+    hosts the next transport's client (same process); one still busy, or dead, is ended; an
+    idle actor that died is replaced by a new one; a transport without reuse neither takes
+    nor gives; release_idle_actors ends the pool."""
+    import signal
     import time
 
     from fedmcmc.engines import ray_engine
@@ -257,22 +259,30 @@ def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, mo
         assert busy.handle is not None
     finally:
         first.close()
-    assert idle_actors() == 1
+    assert idle_actors() == 1  # client 0's
 
+    os.kill(before[0], signal.SIGKILL)  # the idle actor dies: the next run starts a new one
     second = RayTransport(specs, reuse=True)
     try:
-        after = pids(second)
-        assert second.reused_actors == 1
-        assert after[0] == before[0] and not set(after[1:]) & set(before)
-        assert second.placement()["ray_actors_reused"] == 1
+        assert second.reused_actors == 0
+        fresh = pids(second)
+        assert not set(fresh) & set(before)
     finally:
         second.close()
     assert idle_actors() == 3
 
-    third = RayTransport(specs)  # reuse=False: new actors, ended at close
+    third = RayTransport(specs, reuse=True)
     try:
-        assert third.reused_actors == 0 and not set(pids(third)) & set(after)
+        assert third.reused_actors == 3 and third.placement()["ray_actors_reused"] == 3
+        assert sorted(pids(third)) == sorted(fresh)  # the same processes
     finally:
         third.close()
+    assert idle_actors() == 3
+
+    fourth = RayTransport(specs)  # reuse=False: new actors, ended at close
+    try:
+        assert fourth.reused_actors == 0 and not set(pids(fourth)) & set(fresh)
+    finally:
+        fourth.close()
     assert idle_actors() == 3
     assert release_idle_actors() == 3 and idle_actors() == 0
