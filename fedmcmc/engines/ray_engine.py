@@ -57,10 +57,12 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     dropped, and the next run's clients with the same reservations
     (``client_num_cpus``, ``client_resources``) are hosted by them: no new process
     importing JAX and compiling (``info["ray_actors_reused"]`` counts them). An actor
-    whose client failed or that is still busy is ended. Idle actors keep what they
-    reserve; :func:`release_idle_actors` ends them, as do ``ray.shutdown()`` and the
-    end of the driver process. A local instance the run starts ends with it: nothing
-    is kept. ``False``: every run starts and ends its own actors.
+    whose client failed or that is still busy is ended; a run that starts new actors
+    first ends the idle ones it did not take that reserve CPUs or resources. Idle actors
+    keep what they reserve; :func:`release_idle_actors` ends them, as do
+    ``ray.shutdown()`` and the end of the driver process. A local instance the run
+    starts ends with it: nothing is kept. ``False``: every run starts and ends its own
+    actors.
 ``audit_messages``
     Keep the shape and dtype of every array a client sends in
     ``info["client_message_audit"]``.
@@ -206,12 +208,14 @@ class _IdleActors:
         with self._lock:
             self._hosts_here(ray).setdefault(reserved, []).append(actor)
 
-    def release(self) -> int:
-        """Kill every idle actor; returns how many there were."""
+    def release(self, reserving_only: bool = False) -> int:
+        """Kill every idle actor (``reserving_only``: those that reserve CPUs or custom
+        resources); returns how many it killed."""
         ray = _import_ray()
         with self._lock:
-            hosts = [actor for group in self._hosts_here(ray).values() for actor in group]
-            self._hosts = {}
+            pool = self._hosts_here(ray)
+            keys = [key for key in pool if not reserving_only or key != (0.0, ())]
+            hosts = [actor for key in keys for actor in pool.pop(key)]
         for actor in hosts:
             try:
                 ray.kill(actor, no_restart=True)
@@ -322,8 +326,8 @@ class RayTransport(Transport):
         self.groups = groups
         self.actor_of = {client: a for a, group in enumerate(groups) for client in group}
         self._reuse = bool(reuse)
-        self.actors, self._reserved, reused = [], [], []
-        for group in groups:
+        self.actors, self._reserved, reused, new = [], [], [], []
+        for index, group in enumerate(groups):
             options: Dict[str, Any] = {"num_cpus": num_cpus * len(group), "max_restarts": 0}
             if resources is not None and resources[group[0]]:
                 options["resources"] = dict(resources[group[0]])
@@ -333,12 +337,15 @@ class RayTransport(Transport):
             # data would already be there); it is not a protocol message and is not counted
             hosted = [(client, specs[client][0], specs[client][1]) for client in group]
             actor = _IDLE_ACTORS.take(ray, reserved) if self._reuse else None
-            if actor is None:
-                actor = ray.remote(ClientHost).options(**options).remote(hosted)
-            else:
-                reused.append((len(self.actors), actor, options, hosted))
+            (new if actor is None else reused).append((index, actor, options, hosted))
             self.actors.append(actor)
             self._reserved.append(reserved)
+        if new:
+            # idle actors this run did not take must not hold the CPUs or resources its new
+            # actors need (they would wait for ever)
+            _IDLE_ACTORS.release(reserving_only=True)
+        for index, _, options, hosted in new:
+            self.actors[index] = ray.remote(ClientHost).options(**options).remote(hosted)
         self.reused_actors = self._host_on_idle_actors(reused)
         self._dead = set()
 

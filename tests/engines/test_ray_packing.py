@@ -286,3 +286,30 @@ def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, mo
         fourth.close()
     assert idle_actors() == 3
     assert release_idle_actors() == 3 and idle_actors() == 0
+
+
+def test_idle_actors_holding_cpus_give_them_up_to_a_run_that_needs_them(local_ray):
+    """Idle actors that reserve CPUs and do not match a run's actors are ended before the
+    run starts new ones: on this 2-CPU instance, two idle 1-CPU actors would otherwise keep
+    a 2-CPU actor from ever starting."""
+    from fedmcmc.engines.comm import ClientEndpoint, collect
+    from fedmcmc.engines.ray_engine import RayTransport, idle_actors, release_idle_actors
+
+    release_idle_actors()
+    assert local_ray.cluster_resources()["CPU"] == 2
+    source = functools.partial(np.zeros, (2, 1), np.float32)
+    specs = [(ClientEndpoint, (s, source)) for s in range(2)]
+    first = RayTransport(specs, num_cpus=1, reuse=True)  # two actors, one CPU each
+    try:
+        assert collect(first, first.call_each(range(2), "ping", lambda c: ()), TIMEOUT)[1] == []
+    finally:
+        first.close()
+    assert idle_actors() == 2
+    packed = RayTransport(specs, num_cpus=1, groups=[[0, 1]], reuse=True)  # one 2-CPU actor
+    try:
+        assert packed.reused_actors == 0 and idle_actors() == 0
+        values, failures = collect(packed, packed.call_each(range(2), "ping", lambda c: ()), 60.0)
+        assert failures == [] and values == [0, 1]
+    finally:
+        packed.close()
+    assert release_idle_actors() == 1
