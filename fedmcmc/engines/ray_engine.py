@@ -235,6 +235,24 @@ _IDLE_ACTORS = _IdleActors()
 UNLOAD_TIMEOUT = 5.0
 
 
+def _answered(ray, refs: List[Any]) -> List[bool]:
+    """Whether each actor call of ``refs`` returned a true value within
+    :data:`UNLOAD_TIMEOUT` (False for one still running, or whose actor died)."""
+    if not refs:
+        return []
+    try:
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=UNLOAD_TIMEOUT)[0])
+    except Exception:  # noqa: BLE001 - Ray stopped
+        return [False] * len(refs)
+    answers = []
+    for ref in refs:
+        try:
+            answers.append(ref in ready and bool(ray.get(ref, timeout=0)))
+        except Exception:  # noqa: BLE001 - its actor died
+            answers.append(False)
+    return answers
+
+
 def release_idle_actors() -> int:
     """Kill the client actors ``engine="ray"`` keeps between runs (option ``reuse_actors``)
     on the Ray instance this process is connected to; returns how many it killed. They also
@@ -358,14 +376,9 @@ class RayTransport(Transport):
         ray = self._ray
         if not reused:
             return 0
-        checks = [actor.alive.remote() for _, actor, _, _ in reused]
-        ready = set(ray.wait(checks, num_returns=len(checks), timeout=UNLOAD_TIMEOUT)[0])
+        answers = _answered(ray, [actor.alive.remote() for _, actor, _, _ in reused])
         count = 0
-        for (index, actor, options, hosted), check in zip(reused, checks):
-            try:
-                alive = check in ready and ray.get(check, timeout=0)
-            except Exception:  # noqa: BLE001 - it died while idle
-                alive = False
+        for (index, actor, options, hosted), alive in zip(reused, answers):
             if alive:
                 actor.load.remote(hosted)
                 count += 1
@@ -509,19 +522,10 @@ class RayTransport(Transport):
         all lived and that answer :meth:`ClientHost.unload` within :data:`UNLOAD_TIMEOUT`."""
         kept = set()
         if self._reuse:
-            candidates = {a: actor.unload.remote() for a, actor in enumerate(self.actors)
-                          if not any(c in self._dead for c in self.groups[a])}
-            try:
-                ready = set(self._ray.wait(list(candidates.values()), num_returns=len(candidates),
-                                           timeout=UNLOAD_TIMEOUT)[0])
-            except Exception:  # noqa: BLE001 - Ray stopped: keep none
-                ready = set()
-            for a, ref in candidates.items():
-                try:
-                    if ref in ready and self._ray.get(ref, timeout=0):
-                        kept.add(a)
-                except Exception:  # noqa: BLE001 - this actor died: end it
-                    pass
+            candidates = [a for a in range(len(self.actors))
+                          if not any(c in self._dead for c in self.groups[a])]
+            answers = _answered(self._ray, [self.actors[a].unload.remote() for a in candidates])
+            kept = {a for a, answered in zip(candidates, answers) if answered}
         for a, actor in enumerate(self.actors):
             if a in kept:
                 _IDLE_ACTORS.put(self._ray, self._reserved[a], actor)

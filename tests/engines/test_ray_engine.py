@@ -503,13 +503,17 @@ def test_multi_node_cluster_with_pinned_clients():
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         listening = _listening_addresses()
-        result = fm.sample(
-            GAUSSIAN_MODEL, federation,
-            fm.FSGLD(step_size=2e-3, batch_size=5, local_steps=10, surrogate="laplace"),
-            init=jnp.zeros(DIM), num_samples=50, burn_in=10, thin=5, chains=2, seed=0,
-            engine="ray", visit_timeout=TIMEOUT,
-            client_resources=[{f"client_{s}": 1} for s in range(federation.num_clients)],
-        )
+
+        def run():
+            return fm.sample(
+                GAUSSIAN_MODEL, federation,
+                fm.FSGLD(step_size=2e-3, batch_size=5, local_steps=10, surrogate="laplace"),
+                init=jnp.zeros(DIM), num_samples=50, burn_in=10, thin=5, chains=2, seed=0,
+                engine="ray", visit_timeout=TIMEOUT,
+                client_resources=[{f"client_{s}": 1} for s in range(federation.num_clients)],
+            )
+
+        result = run()
         assert np.isfinite(result.flat_samples()).all()
         assert result.info["engine"] == "ray"
         assert all(v > 0 for v in result.info["visits_per_client"])
@@ -522,13 +526,7 @@ def test_multi_node_cluster_with_pinned_clients():
         for address in listening:
             assert _is_loopback(address), address
         # a second run on the cluster: each client's actor is reused, on the client's node
-        again = fm.sample(
-            GAUSSIAN_MODEL, federation,
-            fm.FSGLD(step_size=2e-3, batch_size=5, local_steps=10, surrogate="laplace"),
-            init=jnp.zeros(DIM), num_samples=50, burn_in=10, thin=5, chains=2, seed=0,
-            engine="ray", visit_timeout=TIMEOUT,
-            client_resources=[{f"client_{s}": 1} for s in range(federation.num_clients)],
-        )
+        again = run()
         assert again.info["ray_actors_reused"] == 2
         assert [where["node_id"] for where in again.info["client_locations"]] == expected
         np.testing.assert_array_equal(again.flat_samples(), result.flat_samples())
