@@ -111,16 +111,17 @@ session = contextlib.nullcontext()
 if again:  # Ray started here, as a user's script does, so that it outlives the first run
     from fedmcmc.engines.ray_security import ray_session
     session = ray_session(None, None, False)
+def run():
+    out = fm.sample(model, federation, algorithm, init=init, seed=0, progress=False,
+                    engine=engine, **kwargs, **engine_options)
+    jax.block_until_ready(out.samples)
+    return out
 with session:
-    result = fm.sample(model, federation, algorithm, init=init, seed=0, progress=False,
-                       engine=engine, **kwargs, **engine_options)
-    jax.block_until_ready(result.samples)
+    result = run()
     finished = time.perf_counter()
     second = {}
     if again:
-        repeat = fm.sample(model, federation, algorithm, init=init, seed=0, progress=False,
-                           engine=engine, **kwargs, **engine_options)
-        jax.block_until_ready(repeat.samples)
+        repeat = run()
         second = {"again": time.perf_counter() - finished,
                   "reused": repeat.info.get("ray_actors_reused", 0)}
 print(json.dumps({
@@ -142,7 +143,7 @@ print(json.dumps({
 # ``--ray``'s floor: Ray started as engine="ray" starts it, ``sys.argv[1]`` actors that each
 # import fedmcmc and run one compiled operation; seconds from after `import fedmcmc` to all ready
 FLOOR_CHILD = r"""
-import contextlib, json, sys, time
+import json, sys, time
 started = time.perf_counter()
 import fedmcmc as fm
 imported = time.perf_counter()

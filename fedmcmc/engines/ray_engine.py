@@ -108,14 +108,13 @@ class ClientHost:
     """
 
     def __init__(self, specs: Sequence[tuple]):
-        self.clients: Dict[int, Any] = {}
-        self.failed: Dict[int, BaseException] = {}
         self.load(specs)
 
     def load(self, specs: Sequence[tuple]) -> int:
         """Host the endpoints ``specs`` describes (a reused actor's next run), dropping any
         it hosted before; returns how many were built."""
-        self.clients, self.failed = {}, {}
+        self.clients: Dict[int, Any] = {}
+        self.failed: Dict[int, BaseException] = {}
         for client, cls, args in specs:
             try:
                 self.clients[int(client)] = cls(*args)
@@ -131,7 +130,7 @@ class ClientHost:
         """Drop every hosted endpoint and its data (the actor goes back to the idle pool);
         answered after every message sent before it, so an answer means the actor is alive
         and not busy."""
-        self.clients, self.failed = {}, {}
+        self.load(())
         gc.collect()
         return True
 
@@ -217,10 +216,7 @@ class _IdleActors:
             keys = [key for key in pool if not reserving_only or key != (0.0, ())]
             hosts = [actor for key in keys for actor in pool.pop(key)]
         for actor in hosts:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            _end_actor(ray, actor)
         return len(hosts)
 
     def count(self) -> int:
@@ -233,6 +229,14 @@ _IDLE_ACTORS = _IdleActors()
 #: seconds an actor has to answer ``unload`` at the end of a run to be kept for the next
 #: (an actor still busy with a message of the run, or dead, is killed instead)
 UNLOAD_TIMEOUT = 5.0
+
+
+def _end_actor(ray, actor) -> None:
+    """Kill ``actor`` (no restart); one already gone is left alone."""
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone, or Ray shut down
+        pass
 
 
 def _answered(ray, refs: List[Any]) -> List[bool]:
@@ -383,10 +387,7 @@ class RayTransport(Transport):
                 actor.load.remote(hosted)
                 count += 1
                 continue
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            _end_actor(ray, actor)
             self.actors[index] = ray.remote(ClientHost).options(**options).remote(hosted)
         return count
 
@@ -509,12 +510,12 @@ class RayTransport(Transport):
         (as in a crash), else the actor drops that endpoint and goes on serving the others."""
         self._dead.add(client)
         actor = self.actors[self.actor_of[client]]
+        if all(c in self._dead for c in self.groups[self.actor_of[client]]):
+            _end_actor(self._ray, actor)
+            return
         try:
-            if all(c in self._dead for c in self.groups[self.actor_of[client]]):
-                self._ray.kill(actor, no_restart=True)
-            else:
-                actor.stop.remote(client)
-        except Exception:  # already gone
+            actor.stop.remote(client)
+        except Exception:  # noqa: BLE001 - already gone
             pass
 
     def close(self) -> None:
@@ -529,11 +530,8 @@ class RayTransport(Transport):
         for a, actor in enumerate(self.actors):
             if a in kept:
                 _IDLE_ACTORS.put(self._ray, self._reserved[a], actor)
-                continue
-            try:
-                self._ray.kill(actor, no_restart=True)
-            except Exception:  # already gone
-                pass
+            else:
+                _end_actor(self._ray, actor)
         self._dead.update(range(self.num_clients))
         self.actors = []
 
