@@ -49,7 +49,7 @@ round as a Ray compiled graph (``ray.dag``: shared-memory channels instead of ta
 as when a test run or XLA compiling shares the machine.
 
 Per-round time is steady state: the ``on_chunk`` callback time-stamps every chunk (every
-draw on the distributed engines) with the rounds done so far, and the time from the end of
+draw: ``chunk_size=1``) with the rounds done so far, and the time from the end of
 the first chunk to the end of the run is divided by the rounds made in between -- so set-up,
 the workers' first (compiling) proposal and the server's compilation, all in the first
 draw, are excluded and printed separately as start-up. Bytes per round:

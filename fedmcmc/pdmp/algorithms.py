@@ -609,6 +609,7 @@ class _FedPDMP(Algorithm):
             prior_events=int(events[M]) if cfg.prior_worker else 0,
             effective_switching_rate=velocity_changes / max(total_time, 1e-300),
             event_iterations=iterations,
+            event_iterations_per_chain=st.iterations.tolist(),
             thinning_proposals=int(st.thinning.sum()),
             rejections=int(st.rejections.sum()),
             rejections_per_worker=st.rejections.sum(axis=0)[:M].tolist(),
@@ -651,6 +652,7 @@ class _FedPDMP(Algorithm):
 
         result = assemble_result(
             run, algorithm=self.name, info=info, dim=d, thin=None,  # draws are not iterations
+            burn_in=burn_in,
             unravel=lambda draws: unravel_draws_numpy(out_model, np.asarray(draws)[..., :d]))
         if run.diverged.any():
             raise diverged_error(

@@ -31,8 +31,9 @@ import numpy as np
 from ..federation import Federation
 from ..protocols import ClientContext
 from ..engines.broadcast import BroadcastClient, BroadcastDraw
-from ..engines.driver import draw_by_draw, drive
-from ..engines.comm import (call_all, describe_federation, gather_before_sampling,
+from ..engines.driver import drive
+from ..engines.comm import (ClientFailure, call_all, describe_federation,
+                            gather_before_sampling,
                             with_fault_injection)
 from . import federated
 from .setup import newton, worker_summaries
@@ -139,15 +140,19 @@ class WorkerFunctions:
             state.gradient = jax.jit(jax.vmap(gradient))
         return context.index
 
-    def client_respond(self, context, key_data, x, v, cap, alpha, scale):
+    def client_respond(self, context, key_data, x, v, cap, alpha, scale, with_gradient=False):
         """Its first event time for every chain (``(chains, ...)`` arrays in, the fields of
-        its :class:`~fedmcmc.pdmp.federated.WorkerProposal` out)."""
+        its :class:`~fedmcmc.pdmp.federated.WorkerProposal` out); with ``with_gradient``,
+        also its gradient at every chain's ``x`` (the rate diagnostics of the draws that
+        ended there)."""
         state = self._state(context)
         with jax.enable_x64(True):
             # NumPy arguments go straight to the compiled call (an eager jnp.asarray each
             # would cost about as much as the call itself, every event round)
-            out = state.propose(key_data, x, v, cap, alpha, scale)
-            return tuple(np.asarray(a) for a in out)
+            out = tuple(np.asarray(a) for a in state.propose(key_data, x, v, cap, alpha, scale))
+            if with_gradient:
+                out += (np.asarray(state.gradient(x, alpha)),)
+            return out
 
     def client_gradient(self, context, x, alpha):
         """Its gradient at every chain's position (the rate diagnostics of a draw)."""
@@ -265,36 +270,27 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
             setup_time=time.perf_counter() - setup_started, setup_phases=phases,
             newton_rounds_messages=access.newton_rounds)
         draw = BroadcastDraw(transport, cfg.num_workers, cfg.max_iterations_per_draw,
-                             cfg.rate_diagnostics, protocol, timeout, policy)
+                             cfg.rate_diagnostics, protocol, timeout, policy, k_run, chains)
 
         if accumulate is None:
             states = fed_states
-            draw_all = draw
-            position = lambda s: s.x  # noqa: E731
+            advance = draw.advance
         else:
             states = (fed_states, initial_sums)
-            accumulate_all = jax.jit(jax.vmap(accumulate))
-
-            def draw_all(keys, carry):
-                st, sums = carry
-                n_before = st.n_draws
-                st, draws, stats = draw(keys, st)
-                sums = accumulate_all(n_before, sums, draws, stats)
-                return (st, sums), draws, stats
-
-            position = lambda s: s[0].x  # noqa: E731
+            advance = _with_run_sums(draw.advance, accumulate)
         run_options = {k: options[k] for k in ("chunk_size", "on_chunk", "on_draws") if k in options}
-        dim = int(np.shape(position(jax.tree_util.tree_map(lambda a: a[0], states)))[0])
+        dim = int(np.shape(fed_states.x)[-1])
         run = drive(
-            draw_by_draw(draw_all, k_run, chains), states, chains=chains,
+            advance, states, chains=chains,
             draw_dim=2 * dim,  # a draw: the position and the mean over its interval
-            burn_in=burn_in, num_samples=num_samples, draws_per_call=1,
+            burn_in=burn_in, num_samples=num_samples,
             divergence_threshold=algorithm.divergence_threshold, progress=progress,
             label=f"{algorithm.name} (ray)" if engine_label == "ray" else algorithm.name,
             **run_options)
         failure = run.failure
         messages = transport.info()
         messages["event_rounds_broadcast"] = draw.event_rounds
+        messages["gradient_rounds_broadcast"] = draw.gradient_rounds
         if draw.failures:
             messages["client_failures"] = draw.failures
             messages["dropped_clients"] = list(draw.dead)
@@ -311,3 +307,39 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
     # ``messages``: the transport's real message and byte counts (they replace the
     # analytic accounting of the in-process engine in ``info``) and the failures.
     return DistributedRun(run=run, failure=failure, built=built, messages=messages)
+
+
+def _with_run_sums(advance, accumulate):
+    """``advance`` carrying the family's per-chain run sums next to the states: ``accumulate(
+    n_draws_before, sums, draw, stats)`` of one chain is applied to each draw an ``advance``
+    call made, in order (and to the draws made before a worker failure stopped it)."""
+
+    @jax.jit
+    def add_rows(n_before, sums, draws, stats, made):
+        def one_row(sums, row):
+            index, draw, row_stats = row
+            new = jax.vmap(accumulate)(n_before + index, sums, draw, row_stats)
+            keep = index < made  # (C,): rows past a chain's failure are not draws
+            return jax.tree_util.tree_map(
+                lambda a, b: jnp.where(keep.reshape(keep.shape + (1,) * (a.ndim - 1)), a, b),
+                new, sums), None
+
+        rows = jnp.arange(draws.shape[0], dtype=n_before.dtype)
+        return jax.lax.scan(one_row, sums, (rows, draws, stats))[0]
+
+    def advance_with_sums(carry, first_draw, count):
+        st, sums = carry
+        n_before = st.n_draws
+        try:
+            st, draws, stats = advance(st, first_draw, count)
+        except ClientFailure as failure:
+            partial = getattr(failure, "partial", None)
+            if partial is not None:
+                sums = add_rows(n_before, sums, partial.draws, partial.stats,
+                                np.asarray(partial.made, np.int32))
+                failure.partial = partial._replace(states=(partial.states, sums))
+            raise
+        made = np.full(np.shape(n_before), count, np.int32)
+        return (st, add_rows(n_before, sums, draws, stats, made)), draws, stats
+
+    return advance_with_sums

@@ -27,14 +27,19 @@ def federation():
                           .astype(np.float32) for n in SIZES])
 
 
-def over_transport(algorithm, num_samples=40, **options):
+def over_transport(algorithm, num_samples=40, chains=2, rate_diagnostics=True, chunk_size=None,
+                   **options):
     """The algorithm's distributed run with in-process endpoints (what engine='ray' runs with
-    Ray actors)."""
+    Ray actors); ``chunk_size``: draws per call of the server's ``advance``."""
+    options = check_engine_options(options, algorithm.name)
+    if chunk_size is not None:
+        options["chunk_size"] = chunk_size
     with jax.enable_x64(True):
         return algorithm._sample_distributed(
-            MODEL, federation(), np.zeros(DIM, np.float32), num_samples, 5, 2, 3, False, 0,
-            0.0, True, lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
-            "local", check_engine_options(options, algorithm.name))
+            MODEL, federation(), np.zeros(DIM, np.float32), num_samples, 5, chains, 3, False, 0,
+            0.0, rate_diagnostics,
+            lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
+            "local", options)
 
 
 CASES = [
@@ -51,6 +56,18 @@ def test_the_broadcast_engine_gives_the_in_process_draws(algorithm):
                       num_samples=40, burn_in=5, chains=2, seed=3)
     distributed = over_transport(algorithm, audit_messages=True)
     np.testing.assert_array_equal(distributed.flat_samples(), local.flat_samples())
+    # the rate diagnostics of every draw too, though the workers send their gradients at a
+    # draw's end with the next round's proposals (a gradient broadcast of its own only for
+    # the draws that end a call, not for every draw)
+    assert set(distributed.sample_stats) == set(local.sample_stats) >= {"rate_federated"}
+    for name, values in local.sample_stats.items():
+        # (atol: the Boomerang's canonical rate is the positive part of a sum of the workers'
+        # gradients that nearly cancel, about 1e-8 here, summed in another order)
+        np.testing.assert_allclose(distributed.sample_stats[name], values, rtol=1e-9,
+                                   atol=1e-12, err_msg=name)
+    assert distributed.info["mean_rate_federated"] == pytest.approx(
+        local.info["mean_rate_federated"], rel=1e-9)
+    assert 0 < distributed.info["gradient_rounds_broadcast"] < 45 // 2
     audit = distributed.info["client_message_audit"]
     assert {method for _, method, _ in audit} >= {"setup", "respond"}
     assert set(distributed.info["setup_phases"]) == {"clients_started", "prepare", "configure"}
@@ -79,6 +96,9 @@ def test_the_broadcast_engine_follows_the_in_process_thinning_of_unequal_workers
 
 
 def test_a_crashed_worker_stops_the_run_or_is_dropped():
+    """The chains are not held in step, so a stopped run's chains end at different draws:
+    each keeps every draw it made (the uninterrupted run's, bit for bit), NaN after them, and
+    ``info["draws_per_chain"]`` says how many."""
     algorithm = fm.FedZigZag(sample_interval=0.3)
     fault = {"client": 2, "after_visits": 150, "kind": "exit"}
     with pytest.raises(ClientFailureError) as caught:
@@ -86,8 +106,32 @@ def test_a_crashed_worker_stops_the_run_or_is_dropped():
     error = caught.value
     assert error.client == 2 and "died" in error.reason
     kept = error.result.flat_samples()
-    assert 0 < kept.shape[1] < 40 and np.isfinite(kept).all()
+    assert 0 < kept.shape[1] < 40
+    made = np.isfinite(kept).all(axis=-1)  # (chains, draws)
+    per_chain = error.result.info.get("draws_per_chain", [kept.shape[1]] * kept.shape[0])
+    assert per_chain == made.sum(axis=1).tolist() and min(per_chain) > 0
+    assert len(set(per_chain)) > 1  # this seed stops them apart: the case being tested
+    for chain, count in enumerate(per_chain):  # a chain's draws are its first ones
+        assert made[chain, :count].all() and np.isnan(kept[chain, count:]).all()
+    uninterrupted = over_transport(algorithm).flat_samples()
+    np.testing.assert_array_equal(kept[made], uninterrupted[:, :kept.shape[1]][made])
     dropped = over_transport(algorithm, fault_injection=fault, on_client_failure="drop")
     assert dropped.info["dropped_clients"] == [2] and dropped.info["target_changed"]
     assert dropped.flat_samples().shape == (2, 40, DIM)
     assert np.isfinite(dropped.flat_samples()).all()
+
+
+def test_the_chains_are_not_held_in_step():
+    """Each chain starts its next draw as soon as it has ended the last: a call of every draw
+    at once takes as many broadcast rounds as its busiest chain has event iterations (held
+    in step, every draw would wait for its slowest chain), and the draws are still the
+    in-process engine's."""
+    algorithm = fm.FedZigZag(sample_interval=0.3)
+    local = fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
+                      num_samples=40, burn_in=5, chains=4, seed=3, rate_diagnostics=False)
+    one_call = over_transport(algorithm, chains=4, rate_diagnostics=False, chunk_size=45)
+    np.testing.assert_array_equal(one_call.flat_samples(), local.flat_samples())
+    per_chain = one_call.info["event_iterations_per_chain"]
+    assert per_chain == local.info["event_iterations_per_chain"]
+    assert one_call.info["event_rounds_broadcast"] == max(per_chain)
+    assert one_call.info["gradient_rounds_broadcast"] == 0  # no rate diagnostics asked
