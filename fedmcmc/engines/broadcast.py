@@ -82,9 +82,6 @@ class BroadcastClient(ClientEndpoint):
 
 # ----------------------------------------------------------------------------- server side
 
-RATE_KEYS = ("rate_federated", "rate_plain", "rate_canonical")
-
-
 class BroadcastDraw:
     """The server's side of a run: ``advance(states, first_draw, count) -> (states, draws
     (count, C, draw_dim), stats {name: (count, C)})``, the driver's ``advance`` (see
@@ -202,7 +199,7 @@ class BroadcastDraw:
         draws = np.full((count, C, draw_dim), np.nan)
         stats = {"events": np.zeros((count, C), np.int32)}
         if self.rate_diagnostics:
-            stats.update({name: np.full((count, C), np.nan) for name in RATE_KEYS})
+            stats.update({name: np.full((count, C), np.nan) for name in self.protocol.rate_names})
         j = np.zeros(C, np.int64)  # each chain's draw in this call
         i = np.zeros(C, np.int64)  # its event iteration in that draw
         waiting = np.full(C, -1, np.int64)  # first of its ended draws still without rates
@@ -270,7 +267,7 @@ class BroadcastDraw:
         values = [np.asarray(value) for value in self._rates(states, gradients)]
         for chain in np.nonzero(waiting >= 0)[0]:
             rows = slice(waiting[chain], j[chain])
-            for name, value in zip(RATE_KEYS, values):
+            for name, value in zip(self.protocol.rate_names, values):
                 stats[name][rows, chain] = value[chain]
 
     def _stack(self, replies: Dict[int, Any], scale: np.ndarray, with_gradient: bool,

@@ -76,7 +76,7 @@ class PDMPBoundError(RuntimeError):
         self.result = result
 
 
-RATE_KEYS = ("rate_federated", "rate_plain", "rate_canonical")
+RATE_KEYS = federated.RATE_KEYS
 
 
 class RunSums(NamedTuple):

@@ -130,6 +130,11 @@ class ThinningCarry(NamedTuple):
     violations: jax.Array
 
 
+#: The per-draw rate diagnostics (``draw_end``'s stats, in ``rates_from_gradients``' order):
+#: the federated rate, the plain rate (no control variates) and the canonical rate.
+RATE_KEYS = ("rate_federated", "rate_plain", "rate_canonical")
+
+
 class FedProtocol(NamedTuple):
     """The pieces of :func:`build` that a distributed engine composes: ``propose`` runs on
     a worker (its own data), everything else on the server. ``event_step`` and
@@ -148,6 +153,7 @@ class FedProtocol(NamedTuple):
     prior_gradient_row: Callable
     rates_from_gradients: Callable
     silent_proposal: Callable  # (chains, scale_m) -> WorkerProposal of a dropped worker
+    rate_names: tuple = RATE_KEYS  # the stats of rates_from_gradients' values, in order
 
 
 class FedState(NamedTuple):
@@ -667,8 +673,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         events_after = jnp.sum(st.events) + jnp.sum(st.excess_events) + st.refreshes
         stats = {"events": (events_after - events_before).astype(jnp.int32)}
         if rate_values is not None:
-            fed, plain, canonical = rate_values
-            stats.update(rate_federated=fed, rate_plain=plain, rate_canonical=canonical)
+            stats.update(zip(RATE_KEYS, rate_values))
         draw = jnp.concatenate([st.x, st.interval_x / delta])
         return st, draw, stats
 
