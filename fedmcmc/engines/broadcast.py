@@ -17,7 +17,7 @@ module holds the pattern's pieces and knows no family:
 
 and a run is :func:`fedmcmc.engines.driver.drive` over ``BroadcastDraw.advance`` (a chunk
 of draws per call; a diverged chain stops the run at the end of the chunk, as on the
-in-process engine).
+in-process engine, and takes part in no round after its diverged draw).
 
 ``fedmcmc.pdmp.distributed`` composes them into Fed-PDMC's distributed run. Random
 streams: event iteration ``i`` of draw ``k`` of chain ``c`` uses
@@ -42,7 +42,7 @@ import numpy as np
 from ..protocols import client_context, client_function
 from ..rng import fold_in, split_key
 from .comm import ClientEndpoint, ClientFailure, Transport, collect
-from .driver import PartialDraws
+from .driver import PartialDraws, check_draws
 
 __all__ = ["BroadcastClient", "BroadcastDraw"]
 
@@ -106,8 +106,10 @@ class BroadcastDraw:
 
     def __init__(self, transport: Transport, num_workers: int, max_rounds_per_draw: int,
                  rate_diagnostics: bool, protocol, timeout: Optional[float],
-                 on_client_failure: str, key, chains: int):
+                 on_client_failure: str, key, chains: int,
+                 divergence_threshold: float = float("inf")):
         self.transport = transport
+        self.divergence_threshold = divergence_threshold
         self.max_rounds_per_draw = int(max_rounds_per_draw)
         self.rate_diagnostics = bool(rate_diagnostics)
         self.timeout = timeout
@@ -213,10 +215,14 @@ class BroadcastDraw:
                         self._close(over, over & (j + 1 < count), states, t_next, counting,
                                     events_before)
                     chains = np.nonzero(over)[0]
-                    draws[j[chains], chains] = np.asarray(draw)[chains]
+                    draw = np.asarray(draw)
+                    draws[j[chains], chains] = draw[chains]
                     stats["events"][j[chains], chains] = np.asarray(events)[chains]
                     waiting = np.where(over & (waiting < 0), j, waiting)
-                    j = np.where(over, j + 1, j)
+                    # a diverged chain makes no more draws (NaN rows): the driver stops the
+                    # run after this call, and its rounds would be wasted
+                    diverged = over & ~check_draws(draw, self.divergence_threshold)
+                    j = np.where(diverged, count, np.where(over, j + 1, j))
                     i = np.where(over, 0, i)
                     running = np.asarray(running)
                     over = (j < count) & ~running

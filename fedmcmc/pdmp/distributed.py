@@ -270,7 +270,8 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
             setup_time=time.perf_counter() - setup_started, setup_phases=phases,
             newton_rounds_messages=access.newton_rounds)
         draw = BroadcastDraw(transport, cfg.num_workers, cfg.max_iterations_per_draw,
-                             cfg.rate_diagnostics, protocol, timeout, policy, k_run, chains)
+                             cfg.rate_diagnostics, protocol, timeout, policy, k_run, chains,
+                             algorithm.divergence_threshold)
 
         if accumulate is None:
             states = fed_states

@@ -12,6 +12,7 @@ import pytest
 import fedmcmc as fm
 from fedmcmc.engines.comm import ClientFailureError, InProcessTransport
 from fedmcmc.engines.options import check_engine_options
+from fedmcmc.results import SamplingDivergedError
 
 DIM = 2
 SIZES = (3, 11, 26, 60)
@@ -135,3 +136,24 @@ def test_the_chains_are_not_held_in_step():
     assert per_chain == local.info["event_iterations_per_chain"]
     assert one_call.info["event_rounds_broadcast"] == max(per_chain)
     assert one_call.info["gradient_rounds_broadcast"] == 0  # no rate diagnostics asked
+
+
+def test_a_diverged_chain_makes_no_more_rounds():
+    """A chain whose draw crosses the divergence threshold stops drawing at once (its later
+    draws are NaN and the run stops after the chunk, as on the in-process engine), so the
+    workers spend no more rounds on it; the draws and the error are the in-process engine's."""
+    algorithm = fm.FedZigZag(sample_interval=0.3)
+    algorithm.divergence_threshold = 0.35  # chain 1 of this seed crosses it at draw 7
+    with pytest.raises(SamplingDivergedError) as in_process:
+        fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
+                  num_samples=40, burn_in=5, chains=2, seed=3)
+    with pytest.raises(SamplingDivergedError) as distributed:
+        over_transport(algorithm)
+    local, remote = in_process.value, distributed.value
+    assert remote.chains == local.chains == [1]
+    assert [d["draw"] for d in remote.details] == [d["draw"] for d in local.details] == [7]
+    np.testing.assert_array_equal(remote.result.flat_samples(), local.result.flat_samples())
+    remote_iterations = remote.result.info["event_iterations_per_chain"]
+    local_iterations = local.result.info["event_iterations_per_chain"]
+    assert remote_iterations[0] == local_iterations[0]
+    assert remote_iterations[1] < local_iterations[1]  # in process it ran to the chunk's end
