@@ -360,6 +360,10 @@ def test_engine_options_are_checked(local_ray):
     with pytest.raises(ValueError, match="engine='ray' is not available"):
         fm.sample(GAUSSIAN_MODEL, federation, fm.SGLD(step_size=1e-3, batch_size=5),
                   engine="ray", **KILL_KW)
+    for bad in (dict(chunk_size=0), dict(on_draws="draws.npy")):  # Fed-PDMC uses both on Ray
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            fm.sample(GAUSSIAN_MODEL, federation, fm.FedZigZag(sample_interval=0.5), engine="ray", **bad,
+                      **KILL_KW)
 
 
 def test_later_runs_reuse_the_actors_and_give_the_same_draws(local_ray):
@@ -558,14 +562,21 @@ def zigzag_runs(local_ray):
     algorithm = fm.FedZigZag(sample_interval=0.5)
     kw = dict(PDMP_KW, num_samples=300)
     local = fm.sample(model, federation, algorithm, **kw)
+    received = []  # on_draws: (first kept index, draws) per chunk
     on_ray = fm.sample(model, federation, algorithm, engine="ray", visit_timeout=TIMEOUT,
-                       audit_messages=True, **kw)
-    return local, on_ray, mean, cov
+                       audit_messages=True, chunk_size=80,
+                       on_draws=lambda draws, stats, first: received.append((first, draws)),
+                       **kw)
+    return local, on_ray, mean, cov, received
 
 
 def test_fed_zigzag_on_ray_identical_to_in_process_and_exact(zigzag_runs):
-    local, on_ray, mean, cov = zigzag_runs
+    local, on_ray, mean, cov, received = zigzag_runs
     np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-6)
+    # chunk_size and on_draws are honoured on Ray (320 draws, 20 of them burn-in)
+    assert [first for first, _ in received] == [20, 80, 160, 240]
+    np.testing.assert_array_equal(np.concatenate([d for _, d in received], axis=1),
+                                  on_ray.samples)
     assert on_ray.info["events_per_worker"] == local.info["events_per_worker"]
     ok, figures = trajectory_check(on_ray.info, mean, cov, on_ray.flat_samples())
     assert ok, figures
@@ -576,7 +587,7 @@ def test_fed_pdmp_worker_messages_are_parameter_sized(zigzag_runs):
     """Every array a worker actor sends has at most chains x d entries (a gradient per
     chain at its proposed event) or d x d (Newton Hessian, not used by the exact Gaussian
     Zig-Zag); its 60-150 data rows never leave it."""
-    _, on_ray, _, _ = zigzag_runs
+    on_ray = zigzag_runs[1]
     info = on_ray.info
     chains, d = PDMP_KW["chains"], PDMP_DIM
     audit = info["client_message_audit"]
