@@ -362,8 +362,8 @@ def test_engine_options_are_checked(local_ray):
                   engine="ray", **KILL_KW)
     for bad in (dict(chunk_size=0), dict(on_draws="draws.npy")):  # Fed-PDMC uses both on Ray
         with pytest.raises(ValueError, match=next(iter(bad))):
-            fm.sample(GAUSSIAN_MODEL, federation, fm.FedZigZag(sample_interval=0.5), engine="ray", **bad,
-                      **KILL_KW)
+            fm.sample(GAUSSIAN_MODEL, federation, fm.FedZigZag(sample_interval=0.5),
+                      engine="ray", **bad, **KILL_KW)
 
 
 def test_later_runs_reuse_the_actors_and_give_the_same_draws(local_ray):
