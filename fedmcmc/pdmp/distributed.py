@@ -33,8 +33,7 @@ from ..protocols import ClientContext
 from ..engines.broadcast import BroadcastClient, BroadcastDraw
 from ..engines.driver import drive
 from ..engines.comm import (ClientFailure, call_all, describe_federation,
-                            gather_before_sampling,
-                            with_fault_injection)
+                            gather_before_sampling, with_fault_injection)
 from . import federated
 from .setup import newton, worker_summaries
 
