@@ -191,7 +191,7 @@ class BroadcastDraw:
         """Draws ``first_draw .. first_draw + count - 1`` of every chain (the driver's
         ``advance``). A worker failure under ``on_client_failure="stop"`` raises
         :class:`~.comm.ClientFailure` carrying the draws each chain made
-        (``failure.partial``)."""
+        (``failure.partial``), and so does a ``KeyboardInterrupt`` (Ctrl-C)."""
         C = self.chains
         keys = self._block_keys(self.key, np.arange(first_draw, first_draw + count,
                                                     dtype=np.uint32))
@@ -250,12 +250,13 @@ class BroadcastDraw:
                                               proposals, t_next, counting, live)
                 running = np.asarray(running)
                 i = np.where(live, i + 1, i)
-        except ClientFailure as failure:
+        except (ClientFailure, KeyboardInterrupt) as stop:
+            # a worker failed, or Ctrl-C: the driver keeps each chain's draws made so far
             made = j.copy()
             rows = int(made.max())
-            failure.partial = PartialDraws(states, draws[:rows],
-                                           {name: value[:rows] for name, value in stats.items()},
-                                           made)
+            stop.partial = PartialDraws(states, draws[:rows],
+                                        {name: value[:rows] for name, value in stats.items()},
+                                        made)
             raise
 
     def _gradients(self, states) -> np.ndarray:

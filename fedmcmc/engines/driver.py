@@ -22,8 +22,9 @@ neighbours' messages (DULA/GT-DULA). The driver does the rest, the same way for 
   ``on_chunk(states, draws_done)`` (checkpoints), and updates the progress bar;
 * Ctrl-C ends the run with ``interrupted=True`` and the draws so far; a
   :class:`~fedmcmc.engines.comm.ClientFailure` raised by ``advance`` ends it with
-  ``failure`` set (an engine may attach the draws it made in the failed call as
-  ``failure.partial``, a :class:`PartialDraws`).
+  ``failure`` set. In both cases an engine may attach the draws it made in the call as
+  ``partial``, a :class:`PartialDraws`, to the exception (the ``KeyboardInterrupt`` or the
+  ``ClientFailure``): they are kept.
 
 The driver returns a :class:`ChainRun`; :func:`fedmcmc.results.assemble_result` turns it
 into the user's :class:`~fedmcmc.results.Result`.
@@ -185,8 +186,11 @@ def drive(
                     draws_per_call, chunk_end - done)
                 try:
                     new_states, draws, stats = advance(states, done, count)
-                except ClientFailure as error:
-                    failure = error
+                except (ClientFailure, KeyboardInterrupt) as error:
+                    if isinstance(error, KeyboardInterrupt):
+                        interrupted = True
+                    else:
+                        failure = error
                     partial = getattr(error, "partial", None)
                     if partial is not None and len(partial.draws):
                         keep(done, np.array(partial.draws, dtype=partial.draws.dtype),

@@ -312,7 +312,8 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
 def _with_run_sums(advance, accumulate):
     """``advance`` carrying the family's per-chain run sums next to the states: ``accumulate(
     n_draws_before, sums, draw, stats)`` of one chain is applied to each draw an ``advance``
-    call made, in order (and to the draws made before a worker failure stopped it)."""
+    call made, in order (and to the draws made before a worker failure or Ctrl-C stopped
+    it)."""
 
     @jax.jit
     def add_rows(n_before, sums, draws, stats, made):
@@ -332,12 +333,12 @@ def _with_run_sums(advance, accumulate):
         n_before = st.n_draws
         try:
             st, draws, stats = advance(st, first_draw, count)
-        except ClientFailure as failure:
-            partial = getattr(failure, "partial", None)
+        except (ClientFailure, KeyboardInterrupt) as stop:
+            partial = getattr(stop, "partial", None)
             if partial is not None:
                 sums = add_rows(n_before, sums, partial.draws, partial.stats,
                                 np.asarray(partial.made, np.int32))
-                failure.partial = partial._replace(states=(partial.states, sums))
+                stop.partial = partial._replace(states=(partial.states, sums))
             raise
         made = np.full(np.shape(n_before), count, np.int32)
         return (st, add_rows(n_before, sums, draws, stats, made)), draws, stats

@@ -28,8 +28,12 @@ def federation():
                           .astype(np.float32) for n in SIZES])
 
 
+def in_process_transport(specs):
+    return InProcessTransport([cls(*args) for cls, args in specs])
+
+
 def over_transport(algorithm, num_samples=40, chains=2, rate_diagnostics=True, chunk_size=None,
-                   **options):
+                   make_transport=in_process_transport, **options):
     """The algorithm's distributed run with in-process endpoints (what engine='ray' runs with
     Ray actors); ``chunk_size``: draws per call of the server's ``advance``."""
     options = check_engine_options(options, algorithm.name)
@@ -38,9 +42,7 @@ def over_transport(algorithm, num_samples=40, chains=2, rate_diagnostics=True, c
     with jax.enable_x64(True):
         return algorithm._sample_distributed(
             MODEL, federation(), np.zeros(DIM, np.float32), num_samples, 5, chains, 3, False, 0,
-            0.0, rate_diagnostics,
-            lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
-            "local", options)
+            0.0, rate_diagnostics, make_transport, "local", options)
 
 
 CASES = [
@@ -157,3 +159,38 @@ def test_a_diverged_chain_makes_no_more_rounds():
     local_iterations = local.result.info["event_iterations_per_chain"]
     assert remote_iterations[0] == local_iterations[0]
     assert remote_iterations[1] < local_iterations[1]  # in process it ran to the chunk's end
+
+
+def test_ctrl_c_keeps_the_draws_of_the_interrupted_chunk():
+    """Ctrl-C in the middle of a chunk (all 45 draws in one call here) keeps every draw each
+    chain has made, the uninterrupted run's, and reports the run as interrupted."""
+
+    def interrupted_after(rounds):
+        def make_transport(specs):
+            transport = in_process_transport(specs)
+            call_each, sent = transport.call_each, []
+
+            def call_each_or_interrupt(clients, method, args_of):
+                if method == "respond":
+                    sent.append(method)
+                    if len(sent) > rounds:
+                        raise KeyboardInterrupt  # what Ctrl-C raises in the server's wait
+                return call_each(clients, method, args_of)
+
+            transport.call_each = call_each_or_interrupt
+            return transport
+
+        return make_transport
+
+    algorithm = fm.FedZigZag(sample_interval=0.3)
+    result = over_transport(algorithm, chunk_size=45, make_transport=interrupted_after(300))
+    assert result.info["interrupted"]
+    kept = result.flat_samples()
+    made = np.isfinite(kept).all(axis=-1)
+    per_chain = result.info.get("draws_per_chain", [kept.shape[1]] * kept.shape[0])
+    assert per_chain == made.sum(axis=1).tolist() and min(per_chain) > 0
+    for chain, count in enumerate(per_chain):
+        assert made[chain, :count].all() and np.isnan(kept[chain, count:]).all()
+    uninterrupted = over_transport(algorithm).flat_samples()
+    assert kept.shape[1] < uninterrupted.shape[1]
+    np.testing.assert_array_equal(kept[made], uninterrupted[:, :kept.shape[1]][made])
