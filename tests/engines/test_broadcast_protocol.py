@@ -98,7 +98,13 @@ def test_the_broadcast_engine_follows_the_in_process_thinning_of_unequal_workers
     assert distributed.info["thinning_proposals"] > local.info["thinning_proposals"]
 
 
-def test_a_crashed_worker_stops_the_run_or_is_dropped():
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The draws of the Fed Zig-Zag run the stopped runs below are compared with."""
+    return over_transport(fm.FedZigZag(sample_interval=0.3)).flat_samples()
+
+
+def test_a_crashed_worker_stops_the_run_or_is_dropped(uninterrupted):
     """The chains are not held in step, so a stopped run's chains end at different draws:
     each keeps every draw it made (the uninterrupted run's, bit for bit), NaN after them, and
     ``info["draws_per_chain"]`` says how many."""
@@ -116,7 +122,6 @@ def test_a_crashed_worker_stops_the_run_or_is_dropped():
     assert len(set(per_chain)) > 1  # this seed stops them apart: the case being tested
     for chain, count in enumerate(per_chain):  # a chain's draws are its first ones
         assert made[chain, :count].all() and np.isnan(kept[chain, count:]).all()
-    uninterrupted = over_transport(algorithm).flat_samples()
     np.testing.assert_array_equal(kept[made], uninterrupted[:, :kept.shape[1]][made])
     dropped = over_transport(algorithm, fault_injection=fault, on_client_failure="drop")
     assert dropped.info["dropped_clients"] == [2] and dropped.info["target_changed"]
@@ -161,7 +166,7 @@ def test_a_diverged_chain_makes_no_more_rounds():
     assert remote_iterations[1] < local_iterations[1]  # in process it ran to the chunk's end
 
 
-def test_ctrl_c_keeps_the_draws_of_the_interrupted_chunk():
+def test_ctrl_c_keeps_the_draws_of_the_interrupted_chunk(uninterrupted):
     """Ctrl-C in the middle of a chunk (all 45 draws in one call here) keeps every draw each
     chain has made, the uninterrupted run's, and reports the run as interrupted."""
 
@@ -191,6 +196,5 @@ def test_ctrl_c_keeps_the_draws_of_the_interrupted_chunk():
     assert per_chain == made.sum(axis=1).tolist() and min(per_chain) > 0
     for chain, count in enumerate(per_chain):
         assert made[chain, :count].all() and np.isnan(kept[chain, count:]).all()
-    uninterrupted = over_transport(algorithm).flat_samples()
     assert kept.shape[1] < uninterrupted.shape[1]
     np.testing.assert_array_equal(kept[made], uninterrupted[:, :kept.shape[1]][made])
