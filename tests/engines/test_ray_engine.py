@@ -609,10 +609,18 @@ def test_fed_boomerang_on_ray_identical_to_in_process(local_ray):
     clients, _ = pdmp_models.logistic_data(0, 120, 3, num_workers=3, non_iid=True)
     federation = fm.Federation(clients)
     algorithm = fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.2)
-    kw = dict(PDMP_KW, init=np.zeros(3, np.float32), num_samples=40, burn_in=5)
+    # with the rate diagnostics (the default): the workers' gradients at a draw's end ride on
+    # the next round's replies
+    kw = dict(PDMP_KW, init=np.zeros(3, np.float32), num_samples=40, burn_in=5,
+              rate_diagnostics=True)
     local = fm.sample(model, federation, algorithm, **kw)
     on_ray = fm.sample(model, federation, algorithm, engine="ray", visit_timeout=TIMEOUT, **kw)
     np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-5)
+    for name in ("rate_federated", "rate_plain", "rate_canonical"):  # rates of order 1 at
+        # the same x up to the rounding of the per-worker sums that the draws' atol allows
+        np.testing.assert_allclose(on_ray.sample_stats[name], local.sample_stats[name],
+                                   rtol=1e-5, atol=1e-5, err_msg=name)
+    assert 0 < on_ray.info["gradient_rounds_broadcast"] < 45
     np.testing.assert_allclose(on_ray.info["reference_mean"], local.info["reference_mean"],
                                rtol=1e-8, atol=1e-10)
 
