@@ -321,9 +321,7 @@ def _with_run_sums(advance, accumulate):
             index, draw, row_stats = row
             new = jax.vmap(accumulate)(n_before + index, sums, draw, row_stats)
             keep = index < made  # (C,): rows past a chain's failure are not draws
-            return jax.tree_util.tree_map(
-                lambda a, b: jnp.where(keep.reshape(keep.shape + (1,) * (a.ndim - 1)), a, b),
-                new, sums), None
+            return federated._select_lanes(keep, new, sums), None
 
         rows = jnp.arange(draws.shape[0], dtype=n_before.dtype)
         return jax.lax.scan(one_row, sums, (rows, draws, stats))[0]
