@@ -213,7 +213,7 @@ class _IdleActors:
         ray = _import_ray()
         with self._lock:
             pool = self._hosts_here(ray)
-            keys = [key for key in pool if not reserving_only or key != (0.0, ())]
+            keys = [key for key in pool if not reserving_only or key != _reservation({})]
             hosts = [actor for key in keys for actor in pool.pop(key)]
         for actor in hosts:
             _end_actor(ray, actor)
@@ -229,6 +229,13 @@ _IDLE_ACTORS = _IdleActors()
 #: seconds an actor has to answer ``unload`` at the end of a run to be kept for the next
 #: (an actor still busy with a message of the run, or dead, is killed instead)
 UNLOAD_TIMEOUT = 5.0
+
+
+def _reservation(options: Dict[str, Any]) -> tuple:
+    """The idle pool's key of an actor started with ``options``: what it reserves (CPUs,
+    custom resources); ``_reservation({})`` is an actor that reserves nothing."""
+    return (float(options.get("num_cpus", 0)),
+            tuple(sorted(options.get("resources", {}).items())))
 
 
 def _end_actor(ray, actor) -> None:
@@ -353,8 +360,7 @@ class RayTransport(Transport):
             options: Dict[str, Any] = {"num_cpus": num_cpus * len(group), "max_restarts": 0}
             if resources is not None and resources[group[0]]:
                 options["resources"] = dict(resources[group[0]])
-            reserved = (float(options["num_cpus"]),
-                        tuple(sorted(options.get("resources", {}).items())))
+            reserved = _reservation(options)
             # the clients' data go to the actor once, at creation (in a real deployment the
             # data would already be there); it is not a protocol message and is not counted
             hosted = [(client, specs[client][0], specs[client][1]) for client in group]
