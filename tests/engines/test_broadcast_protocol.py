@@ -104,6 +104,20 @@ def uninterrupted():
     return over_transport(fm.FedZigZag(sample_interval=0.3)).flat_samples()
 
 
+def check_each_chain_kept_its_draws(result, uninterrupted):
+    """A stopped run's chains each keep their first draws (at least one), the uninterrupted
+    run's bit for bit, NaN after them, and ``info["draws_per_chain"]`` counts them (absent
+    when the chains stopped at the same draw). Returns the counts."""
+    kept = result.flat_samples()
+    made = np.isfinite(kept).all(axis=-1)  # (chains, draws)
+    per_chain = result.info.get("draws_per_chain", [kept.shape[1]] * kept.shape[0])
+    assert per_chain == made.sum(axis=1).tolist() and min(per_chain) > 0
+    for chain, count in enumerate(per_chain):  # a chain's draws are its first ones
+        assert made[chain, :count].all() and np.isnan(kept[chain, count:]).all()
+    np.testing.assert_array_equal(kept[made], uninterrupted[:, :kept.shape[1]][made])
+    return per_chain
+
+
 def test_a_crashed_worker_stops_the_run_or_is_dropped(uninterrupted):
     """The chains are not held in step, so a stopped run's chains end at different draws:
     each keeps every draw it made (the uninterrupted run's, bit for bit), NaN after them, and
@@ -114,15 +128,9 @@ def test_a_crashed_worker_stops_the_run_or_is_dropped(uninterrupted):
         over_transport(algorithm, fault_injection=fault)
     error = caught.value
     assert error.client == 2 and "died" in error.reason
-    kept = error.result.flat_samples()
-    assert 0 < kept.shape[1] < 40
-    made = np.isfinite(kept).all(axis=-1)  # (chains, draws)
-    per_chain = error.result.info.get("draws_per_chain", [kept.shape[1]] * kept.shape[0])
-    assert per_chain == made.sum(axis=1).tolist() and min(per_chain) > 0
+    assert 0 < error.result.flat_samples().shape[1] < 40
+    per_chain = check_each_chain_kept_its_draws(error.result, uninterrupted)
     assert len(set(per_chain)) > 1  # this seed stops them apart: the case being tested
-    for chain, count in enumerate(per_chain):  # a chain's draws are its first ones
-        assert made[chain, :count].all() and np.isnan(kept[chain, count:]).all()
-    np.testing.assert_array_equal(kept[made], uninterrupted[:, :kept.shape[1]][made])
     dropped = over_transport(algorithm, fault_injection=fault, on_client_failure="drop")
     assert dropped.info["dropped_clients"] == [2] and dropped.info["target_changed"]
     assert dropped.flat_samples().shape == (2, 40, DIM)
@@ -190,11 +198,5 @@ def test_ctrl_c_keeps_the_draws_of_the_interrupted_chunk(uninterrupted):
     algorithm = fm.FedZigZag(sample_interval=0.3)
     result = over_transport(algorithm, chunk_size=45, make_transport=interrupted_after(300))
     assert result.info["interrupted"]
-    kept = result.flat_samples()
-    made = np.isfinite(kept).all(axis=-1)
-    per_chain = result.info.get("draws_per_chain", [kept.shape[1]] * kept.shape[0])
-    assert per_chain == made.sum(axis=1).tolist() and min(per_chain) > 0
-    for chain, count in enumerate(per_chain):
-        assert made[chain, :count].all() and np.isnan(kept[chain, count:]).all()
-    assert kept.shape[1] < uninterrupted.shape[1]
-    np.testing.assert_array_equal(kept[made], uninterrupted[:, :kept.shape[1]][made])
+    assert result.flat_samples().shape[1] < uninterrupted.shape[1]
+    check_each_chain_kept_its_draws(result, uninterrupted)
