@@ -40,7 +40,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Dict, Iterator
 
 try:  # POSIX; elsewhere first_on_node does not wait
     import fcntl
@@ -60,6 +60,7 @@ __all__ = [
     "configure_default",
     "first_on_node",
     "FIRST_ON_NODE_FOLDER",
+    "jit_with_constants_as_arguments",
 ]
 
 #: folder of :func:`first_on_node`'s lock and marker files, inside the cache directory
@@ -297,6 +298,48 @@ def configure_default() -> Path | None:
     min_time = None if os.environ.get(_JAX_MIN_TIME_VARIABLE) else 0.0
     _switch_on(target, min_time)
     return target
+
+
+def jit_with_constants_as_arguments(function: Callable, **jit_options) -> Callable:
+    """``jax.jit(function, **jit_options)``, except that the arrays ``function`` closes over
+    (its jaxpr's constants: the run's key, client data, surrogate fits, bounds) are arguments
+    of the compiled program instead of constants embedded in it.
+
+    JAX embeds a closed-over array of up to 32 bytes, and every PRNG key, in the program's
+    text, which is what the persistent compilation cache hashes: a run with another seed, or
+    with other values of a small fit (a 2-d surrogate's mean, 4 workers' bounds), was a new
+    program and compiled again, seconds for a sampler's chunk. Here ``function`` is traced
+    once per argument signature (``jax.make_jaxpr``); the compiled program evaluates that
+    jaxpr with its constants passed in, so runs that differ only in such values share it.
+    Python scalars in ``function`` (step sizes, rates) stay literals of the program: a value
+    computed from the data belongs in a device array (``fedmcmc.arrays.device_array``) made
+    outside the traced function. Jitted functions called inside ``function`` need
+    ``inline=True`` for their closed-over arrays to become arguments too.
+
+    Used for the samplers' run programs (``engines.local``) and the set-up programs that
+    close over client data (initial states, fits, tuning terms)."""
+    traced: Dict[Any, Any] = {}
+
+    def evaluate(signature, constants, flat_arguments):
+        jaxpr, output_tree = traced[signature][:2]
+        outputs = jax.core.eval_jaxpr(jaxpr, constants, *flat_arguments)
+        return jax.tree_util.tree_unflatten(output_tree, outputs)
+
+    # the program keeps the function's name (the cache's file names, profiles, logs)
+    evaluate.__name__ = getattr(function, "__name__", evaluate.__name__)
+    evaluate.__qualname__ = getattr(function, "__qualname__", evaluate.__qualname__)
+    evaluate = jax.jit(evaluate, static_argnums=0, **jit_options)
+
+    def call(*arguments):
+        flat_arguments, argument_tree = jax.tree_util.tree_flatten(arguments)
+        signature = (argument_tree, tuple(jax.typeof(leaf) for leaf in flat_arguments))
+        if signature not in traced:
+            closed, output_shapes = jax.make_jaxpr(function, return_shape=True)(*arguments)
+            traced[signature] = (closed.jaxpr, jax.tree_util.tree_structure(output_shapes),
+                                 closed.consts)
+        return evaluate(signature, traced[signature][2], flat_arguments)
+
+    return call
 
 
 # ``import fedmcmc`` imports this module before anything compiles

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
+from ..cache import jit_with_constants_as_arguments
 from .driver import ChainRun, default_chunk_size, drive
 
 PyTree = Any
@@ -135,7 +136,7 @@ def run_chains(
     chunk_size = max(1, min(chunk_size, total - start_draw))
     chains = jax.tree_util.tree_leaves(initial_states)[0].shape[0]
 
-    def draw_keys(draw_index):
+    def draw_keys(key, draw_index):
         return rng.split_key(rng.fold_in(key, draw_index), chains)
 
     def draw_all_chains(states, step_inputs):
@@ -155,7 +156,7 @@ def run_chains(
     # jitted so that its trace is cached: the chunk below traces it once for the shapes of
     # its outputs and calls it again in its loop with the same input types, and tracing a
     # large model's step twice was half of a warm start (XLA inlines the call: same program)
-    draw_all_chains = jax.jit(draw_all_chains)
+    draw_all_chains = jax.jit(draw_all_chains, inline=True)
 
     def record(buffers, position, outputs):
         return jax.tree_util.tree_map(
@@ -175,10 +176,13 @@ def run_chains(
     # of its loops, and the outputs have ``chunk_size`` rows of which the first ``count``
     # are filled. (A fixed-length scan that skips the extra draws needs a conditional or
     # a select per draw, which on CPU cost more than a small model's whole update.)
-    @functools.partial(jax.jit, compiler_options=compiler_options(chains))
-    def run_chunk(states, first_draw, count):
-        inputs = draw_keys(first_draw) if draw_noise is None else jax.vmap(draw_noise)(
-            draw_keys(first_draw))
+    # The run's key is an argument, not a constant of the program: runs that differ only in
+    # their seed are the same program (a compilation cache hit instead of a new compile).
+    # (the chunk's other closed-over arrays, client data and fits, are arguments too)
+    @functools.partial(jit_with_constants_as_arguments, compiler_options=compiler_options(chains))
+    def run_chunk(states, key, first_draw, count):
+        inputs = draw_keys(key, first_draw) if draw_noise is None else jax.vmap(draw_noise)(
+            draw_keys(key, first_draw))
         shapes = jax.eval_shape(draw_all_chains, states, inputs)[1]
         buffers = jax.tree_util.tree_map(
             lambda leaf: jnp.zeros((chunk_size,) + leaf.shape, leaf.dtype), shapes)
@@ -186,7 +190,7 @@ def run_chains(
         if draw_noise is None:
             def one_draw(i, carry):
                 states, buffers = carry
-                states, outputs = draw_all_chains(states, draw_keys(first_draw + i))
+                states, outputs = draw_all_chains(states, draw_keys(key, first_draw + i))
                 return states, record(buffers, i, outputs)
 
             return jax.lax.fori_loop(0, count, one_draw, (states, buffers))
@@ -194,7 +198,8 @@ def run_chains(
         def one_block(b, carry):
             # the random numbers of a block of draws and all chains in one batched call
             start = b * block
-            noise = jax.vmap(lambda i: jax.vmap(draw_noise)(draw_keys(first_draw + start + i)))(
+            noise = jax.vmap(
+                lambda i: jax.vmap(draw_noise)(draw_keys(key, first_draw + start + i)))(
                 jnp.arange(block, dtype=jnp.int32))
 
             def one_draw(j, carry):
@@ -210,7 +215,7 @@ def run_chains(
 
     def advance(states, first_draw, count):
         # NumPy scalars: jnp.int32(x) of a Python int compiles a conversion program
-        states, (draws, stats) = run_chunk(states, np.int32(first_draw), np.int32(count))
+        states, (draws, stats) = run_chunk(states, key, np.int32(first_draw), np.int32(count))
         # sliced in NumPy: slicing the device arrays would compile a program per shape
         return states, np.asarray(draws)[:count], {k: np.asarray(v)[:count]
                                                    for k, v in stats.items()}

@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import rng
 from ..arrays import device_array
+from ..cache import jit_with_constants_as_arguments
 from ..algorithm import (
     Algorithm,
     check_nonnegative_float,
@@ -392,7 +393,7 @@ class _FedPDMP(Algorithm):
         # One jitted function for the engine's two traces of a draw (its output shapes, then
         # the loop): JAX traces and batches a jitted function once per input shapes, so the
         # second trace reuses the first (the draw step's while loop is most of a run's tracing).
-        traced_draw_step = jax.jit(draw_step)
+        traced_draw_step = jax.jit(draw_step, inline=True)
 
         def run_step(key, carry):
             st, sums = carry
@@ -564,7 +565,8 @@ class _FedPDMP(Algorithm):
 
         # one compiled program (the keys, the starts and the states), not op by op: in a new
         # process each eager op compiles (or loads) a program of its own
-        states, k_run = jax.jit(initial_states)(rng.seed_key(seed), theta0)
+        states, k_run = jit_with_constants_as_arguments(initial_states)(rng.seed_key(seed),
+                                                                        theta0)
         built = BuiltSampler(cfg, draw_step, states, k_run, out_model, info, on_violation)
         if with_protocol:
             built = built._replace(protocol=protocol, prior_part=prior_part, workers=workers)

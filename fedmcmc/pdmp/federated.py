@@ -26,6 +26,7 @@ worker then re-draws from its last anchor.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -456,8 +457,10 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         return g
 
     # jitted: its trace (the user's likelihood gradient) is made once and shared by every
-    # call site (each worker's thinning loop, its first anchor, the rate diagnostics)
-    @jax.jit
+    # call site (each worker's thinning loop, its first anchor, the rate diagnostics);
+    # inlined, so that the arrays it closes over are the run program's, passed in
+    # (engines.local.jit_with_constants_as_arguments)
+    @functools.partial(jax.jit, inline=True)
     def data_worker_grad(x, data_m, mask_m, g_ref_m, w_m, alpha_m):
         return worker_potential_grad(cfg.data_grad(x, data_m, mask_m), x, g_ref_m, w_m, alpha_m)
 
@@ -512,7 +515,8 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     def data_worker_slope(y, u, data_m, mask_m, g_ref_m, w_m, alpha_m):
         return cfg.custom_slope(y, u, cfg.horizon, data_m, mask_m)
 
-    @jax.jit  # traced once for its call sites (the first anchors, every thinning pass)
+    # traced once for its call sites (the first anchors, every thinning pass); inlined (above)
+    @functools.partial(jax.jit, inline=True)
     def every_worker_grad(X, data, mask, g_ref, w, alpha):
         """``data_worker_grad`` of all M workers (in order) at the rows of ``X`` at once, the
         data part from ``cfg.workers_data_grad`` (no padded rows)."""
