@@ -37,6 +37,8 @@ import numpy as np
 
 from ..callsite import user_stacklevel
 from .. import rng
+from ..arrays import device_array
+from ..cache import jit_with_constants_as_arguments
 from ..algorithm import Algorithm, check_optional, check_positive_float, check_positive_int
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
@@ -311,7 +313,7 @@ class _Decentralised(Algorithm):
         # the keys and the states in one compiled program: eager key operations and
         # broadcasts each compile (or load) a small program of their own in a new process
         key = rng.seed_key(seed)
-        states = jax.jit(initial_states)(key, theta0)
+        states = jit_with_constants_as_arguments(initial_states)(key, theta0)
         states, start_draw = resume_from(run_options, states)
         # the caller's chunk length, else the engine's (one compiled program either way: a
         # shorter last chunk runs the same program with a smaller trip count)
@@ -330,6 +332,10 @@ class _Decentralised(Algorithm):
         # total variance (Laplace) stops the run (module docstring)
         spread_limit = _spread_limit(self.spread_limit, settings)
         check_after = int(burn_in) * int(thin)
+        # a device array, not a Python float: the run program takes it as an argument
+        # (engines.local.jit_with_constants_as_arguments), so a run on other data, with
+        # another limit, is the same program
+        limit = None if spread_limit is None else device_array(spread_limit, flat_model.dtype)
 
         def draw_step(key, state):
             keys = rng.split_key(key, thin)
@@ -350,7 +356,7 @@ class _Decentralised(Algorithm):
             if keep_agents:
                 draw = jnp.concatenate([draw, w.reshape(-1)])
             if spread_limit is not None:
-                spread = (state.iteration > check_after) & (consensus > spread_limit)
+                spread = (state.iteration > check_after) & (consensus > limit)
                 draw = jnp.where(spread, jnp.nan, draw)
             return state, draw, stats
 

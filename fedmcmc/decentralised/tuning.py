@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..arrays import device_array
+from ..cache import jit_with_constants_as_arguments
 from ..federation import PaddedData
 from ..model import Model
 from . import diagnostics
@@ -151,13 +152,15 @@ def local_terms_fn(model: Model, init: Any, padded: PaddedData, batch_size: Opti
         return (-flat_model.log_likelihood_sum(theta, agent_data, agent_mask)
                 - flat_model.log_prior(theta) / n)
 
-    @jax.jit
+    # (jit_with_constants_as_arguments: the agents' rows are arguments, so another data set
+    # of the same shapes is the same program)
+    @jit_with_constants_as_arguments
     def _terms(theta):
         one = lambda d, w: (energy(theta, d, w), jax.grad(energy)(theta, d, w),  # noqa: E731
                             jax.hessian(energy)(theta, d, w))
         return jax.vmap(one)(data, mask)
 
-    @jax.jit
+    @jit_with_constants_as_arguments
     def _third(theta, directions, weights):
         def one(agent_data, agent_mask, u, w):
             gradient = lambda t: jax.grad(energy)(t, agent_data, agent_mask)  # noqa: E731
@@ -170,7 +173,7 @@ def local_terms_fn(model: Model, init: Any, padded: PaddedData, batch_size: Opti
 
         return jax.vmap(one)(data, mask, directions, weights)
 
-    @jax.jit
+    @jit_with_constants_as_arguments
     def _noise(theta):
         def one(agent_data, agent_mask, size):
             row_grads = jax.vmap(

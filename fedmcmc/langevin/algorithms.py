@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..arrays import device_array
+from ..cache import jit_with_constants_as_arguments
 from ..algorithm import (
     Algorithm,
     check_nonnegative_float,
@@ -67,15 +68,19 @@ def _client_noise(flat_model, data, num_clients: int, batch_size: int, center, p
     full = flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
     points = step_size_module.noise_points(center, precision, key)
 
-    def one(client):
-        return unscaled_noise(
-            flat_model, data, client, batch_size, jnp.asarray(center), points,
-            rng.fold_in(key, client), step_size_module.NOISE_PROBES_PER_CLIENT, full,
-            variates, None if conducive is None else conducive(client))
+    # lax.map over the clients, as over the points and probes inside (step_size.client_noise);
+    # the key and the points are arguments, not constants: another seed is the same program
+    @jit_with_constants_as_arguments
+    def every_client(clients, key, points):
+        def one(client):
+            return unscaled_noise(
+                flat_model, data, client, batch_size, jnp.asarray(center), points,
+                rng.fold_in(key, client), step_size_module.NOISE_PROBES_PER_CLIENT, full,
+                variates, None if conducive is None else conducive(client))
 
-    # lax.map over the clients, as over the points and probes inside (step_size.client_noise)
-    within, means = jax.jit(lambda clients: jax.lax.map(one, clients))(
-        np.arange(num_clients, dtype=np.int32))
+        return jax.lax.map(one, clients)
+
+    within, means = every_client(np.arange(num_clients, dtype=np.int32), key, points)
     return step_size_module.ClientNoise(within=np.asarray(within), means=np.asarray(means))
 
 
@@ -692,14 +697,19 @@ class FSGLD(DSGLD):
         -- on the Ray engine in its actor, from its own data -- and tr C follows from them."""
         clients = np.arange(weights.shape[0], dtype=np.int32)
 
-        def moments(client):
-            base = rng.fold_in(key, 7)  # traced here: an eager fold_in compiles
-            return estimator_moments(
-                flat_model, data, client, weights[client], self.batch_size, self.alpha,
-                surrogates, global_surrogate, center, rng.fold_in(base, client),
-                self.radius_probes_per_client)
+        # the key is an argument, not a constant: another seed is the same program
+        @jit_with_constants_as_arguments
+        def every_client(clients, key):
+            def moments(client):
+                base = rng.fold_in(key, 7)  # traced here: an eager fold_in compiles
+                return estimator_moments(
+                    flat_model, data, client, weights[client], self.batch_size, self.alpha,
+                    surrogates, global_surrogate, center, rng.fold_in(base, client),
+                    self.radius_probes_per_client)
 
-        means, second = jax.jit(lambda clients: jax.lax.map(moments, clients))(clients)
+            return jax.lax.map(moments, clients)
+
+        means, second = every_client(clients, key)
         noise_trace = fsgld.noise_trace_from_moments(weights, means, second)
         h = step_size if not callable(step_size) else float(step_size(0))
         return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace)

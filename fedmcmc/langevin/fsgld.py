@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 from ..surrogates import GaussianSurrogates, ProductSurrogate, matvec
@@ -137,6 +138,13 @@ def build_kernel(
     with control variates (``estimators.dsgld_gradient_with_control_variates``).
     """
     terms = conducive_terms(surrogates, global_surrogate, client_weights)
+    if trust_region is not None and isinstance(trust_region.radius, (float, int, np.number)):
+        # the radius as a device array, not a Python float: it comes from the data, and as an
+        # array it is an argument of the run program (cache.jit_with_constants_as_arguments),
+        # so a run on other data of the same shapes is the same program (a hand-off visit
+        # already receives it as a traced parameter)
+        trust_region = trust_region._replace(
+            radius=device_array(trust_region.radius, flat_model.dtype))
 
     def estimator(theta, minibatch, client, iteration):
         f_s = client_weights[client]

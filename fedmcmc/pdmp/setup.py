@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from ..cache import jit_with_constants_as_arguments
 from .bounds import auto_worker_bounds, whitened_bound, worker_hessian_bounds
 
 __all__ = ["federated_newton", "newton", "worker_gradients", "worker_summaries", "LocalWorkers"]
@@ -131,5 +132,8 @@ def federated_newton(flat_model, padded, theta0, max_rounds=200, tol=1e-12):
 
         return jnp.sum(jax.vmap(one)(padded.data, padded.mask)) - flat_model.log_prior(th)
 
-    value_grad_hess = jax.jit(lambda th: (potential(th), jax.grad(potential)(th), jax.hessian(potential)(th)))
-    return newton(value_grad_hess, jax.jit(potential), theta0, max_rounds, tol)
+    # the rows are arguments of the programs (another data set of these shapes: same programs)
+    value_grad_hess = jit_with_constants_as_arguments(
+        lambda th: (potential(th), jax.grad(potential)(th), jax.hessian(potential)(th)))
+    return newton(value_grad_hess, jit_with_constants_as_arguments(potential), theta0,
+                  max_rounds, tol)
