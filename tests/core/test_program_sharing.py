@@ -242,3 +242,52 @@ def test_shared_chunk_size_rounds_down_by_at_most_a_third(total):
     assert odd in (1, 3)  # 2^k or 3 * 2^k
     chunks = -(-total // size)
     assert chunks <= 30 and (chunks >= 20 or total < 1000)
+
+
+# One family per case; the set-up programs each exercises: FSGLD (surrogate fits, the trust
+# radius from the data, the clients' estimator moments), Fed Boomerang (the Newton fit of its
+# reference), DULA (the tuning terms behind its spread limit, its initial states), Fed Zig-Zag
+# (the workers' bounds). The others share the same engine program and run in the slow suite.
+# (A step size of "auto" is still a constant of the run program: other data, another h.)
+SHARING_CASES = [
+    pytest.param(lambda: fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=20), id="FSGLD"),
+    pytest.param(lambda: fm.FedZigZag(sample_interval=0.5), id="FedZigZag"),
+    pytest.param(lambda: fm.FedBoomerang(sample_interval=0.5), id="FedBoomerang"),
+    pytest.param(lambda: fm.DULA(step_size=1e-3, beta=0.3), id="DULA"),
+    pytest.param(lambda: fm.SGLD(step_size=1e-3, batch_size=10), id="SGLD",
+                 marks=pytest.mark.slow),
+    pytest.param(lambda: fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=20), id="DSGLD",
+                 marks=pytest.mark.slow),
+    pytest.param(lambda: fm.FedBPS(sample_interval=0.5), id="FedBPS", marks=pytest.mark.slow),
+    pytest.param(lambda: fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.3), id="GTDULA",
+                 marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.filterwarnings("ignore::fedmcmc.surrogates.SurrogateMixingWarning")
+@pytest.mark.parametrize("make", SHARING_CASES)
+def test_another_seed_and_other_data_of_the_same_shapes_compile_nothing_new(
+        tmp_path, restore_cache_settings, make):
+    """A second run with another seed, on other rows of the same shapes, reads every program
+    (set-up and sampling) from the persistent cache: the key, the rows and what the set-up
+    computes from them (fits, bounds, a trust radius, a spread limit) are arguments of the
+    programs, not constants in their text. The same check sees the new programs of a run
+    whose shapes differ (one more row), so it can fail."""
+    directory = fm.cache.enable(tmp_path / "jax")
+    sizes = (30, 12, 45)
+
+    def run(seed, extra_row=0):
+        federation = fm.Federation([_rows(10 * seed + i, n + (extra_row if i == 0 else 0))
+                                    for i, n in enumerate(sizes)])
+        result = fm.sample(MODEL, federation, make(), INIT, num_samples=20, burn_in=5,
+                           chains=2, seed=seed, progress=False)
+        assert np.isfinite(result.flat_samples()).all()
+        return sorted(p.name for p in directory.glob("*-cache"))
+
+    first = run(0)
+    assert any(name.startswith("jit_run_chunk-") for name in first)
+    again = run(1)
+    assert again == first, sorted(set(again) - set(first))
+    # other shapes are other programs, and the check sees them
+    reshaped = run(2, extra_row=1)
+    assert set(reshaped) > set(first)
