@@ -66,6 +66,7 @@ class _Baseline(Algorithm):
         if engine != "ray":
             return self.sample_local(model, federation, **run, **options)
         self.check_run(model.flatten(init).dim, chains, num_samples)
+        self.check_engine_run_options(options)
         engine_options = check_engine_options(options, self.name)
         with ray_transports(engine_options) as make_transport:
             return record_ray_authentication(self.sample_distributed(
@@ -73,6 +74,9 @@ class _Baseline(Algorithm):
 
     def check_run(self, dim: int, chains: int, num_samples: int) -> None:
         """Refuse run arguments the algorithm cannot use (``ValueError``); default: none."""
+
+    def check_engine_run_options(self, options) -> None:
+        """Refuse run options the algorithm cannot honour on the Ray engine; default: none."""
 
 
 def _client_failure(algorithm, engine_label: str, run, result) -> ClientFailureError:
@@ -450,13 +454,8 @@ class QLSD(_Baseline):
 
         states = jax.tree_util.tree_map(lambda leaf: leaf[None], stacked)
         states, start_draw = resume_from(run_options, states)
-        on_draws = run_options.pop("on_draws", None)
-        if on_draws is not None:
-            def per_chain(draws, stats, first_index, _user=on_draws):
-                _user(draws.reshape(draws.shape[1], chains, dim).transpose(1, 0, 2), stats,
-                      first_index)
-
-            run_options["on_draws"] = per_chain
+        if run_options.get("on_draws") is not None:
+            run_options["on_draws"] = qlsd.draws_per_chain(run_options["on_draws"], chains, dim)
         run = run_chains(
             draw_step, states, jax.random.key(seed), burn_in=burn_in, num_samples=num_samples,
             position=lambda s: s.position.reshape(-1),
@@ -605,14 +604,19 @@ class ConsensusMC(_Baseline):
         if self.weighting == "diagonal" and chains * num_samples < 2:
             raise ValueError("num_samples: weighting='diagonal' needs at least 2 draws per client")
 
+    def check_engine_run_options(self, options) -> None:
+        """No resume and no draws chunk by chunk, on either engine (``ValueError``)."""
+        for option in ("start_draw", "resume_state", "on_draws", "on_chunk"):
+            if options.get(option):
+                raise ValueError(f"{option}: ConsensusMC cannot resume or report draws chunk by "
+                                 "chunk (it combines the clients' draws after sampling)")
+
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
                      seed, progress, **options):
         """The run on the in-process engine (every chain of every client's NUTS vmapped)."""
         run_options = split_run_options(options, self.name)
+        self.check_engine_run_options(run_options)
         for option in ("start_draw", "resume_state", "on_draws", "on_chunk"):
-            if run_options.get(option):
-                raise ValueError(f"{option}: ConsensusMC cannot resume or report draws chunk by "
-                                 "chunk (it combines the clients' draws after sampling)")
             run_options.pop(option, None)
         flat_model = model.flatten(init)
         dim = flat_model.dim

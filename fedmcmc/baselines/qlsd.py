@@ -77,7 +77,20 @@ __all__ = [
     "client_gradient",
     "controlled_gradient",
     "iteration_keys",
+    "draws_per_chain",
 ]
+
+
+def draws_per_chain(on_draws, chains: int, dim: int):
+    """``on_draws`` for an engine whose draws hold every chain in one row, ``(1, k, chains *
+    dim)`` (QLSD's server state is one draw of all its chains): the callback gets them as
+    ``(chains, k, dim)``, the layout of every other sampler's chunks."""
+
+    def per_chain(draws, stats, first_index):
+        on_draws(draws.reshape(draws.shape[1], chains, dim).transpose(1, 0, 2), stats,
+                 first_index)
+
+    return per_chain
 
 
 def levels_for_bits(bits: Optional[int]) -> Optional[int]:

@@ -341,7 +341,9 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
         run = drive(advance, None, chains=chains, draw_dim=dim, burn_in=burn_in,
                     num_samples=num_samples, draws_per_call=1,
                     divergence_threshold=algorithm.divergence_threshold, progress=progress,
-                    label=f"{algorithm.name} ({engine_label})", iterations_per_draw=thin)
+                    label=f"{algorithm.name} ({engine_label})", iterations_per_draw=thin,
+                    # the draws are the network average, what on_draws gets in-process too
+                    chunk_size=options.get("chunk_size"), on_draws=options.get("on_draws"))
         if exchange["pending"] is not None and run.failure is None:
             record_gradient_terms(exchange["pending"][0], gather(exchange["pending"][1]))
     finally:

@@ -410,6 +410,8 @@ def sample_handoff(
     fault_injection: Optional[dict] = None,
     progress: Optional[bool] = None,
     info: Optional[Dict[str, Any]] = None,
+    chunk_size: Optional[int] = None,
+    on_draws: Optional[Callable] = None,
 ):
     """Run a hand-off ``protocol`` on the transport ``make_transport`` builds.
 
@@ -418,6 +420,8 @@ def sample_handoff(
     :meth:`~fedmcmc.protocols.HandoffProtocol.prepare` and
     :meth:`~fedmcmc.protocols.HandoffProtocol.client_parameters` run here, in the
     driver, on the clients' replies; ``info``: entries to start ``Result.info`` with.
+    ``chunk_size`` and ``on_draws``: the run options of :func:`fedmcmc.engines.driver.drive`
+    (the draws are flat positions, as on the in-process engine).
     """
     if not isinstance(protocol, HandoffProtocol):
         raise ValueError(f"protocol must be a fedmcmc.protocols.HandoffProtocol, got {protocol!r}")
@@ -488,7 +492,8 @@ def sample_handoff(
         run = drive(server.advance, None, chains=chains, draw_dim=flat_model.dim,
                     burn_in=burn_in, num_samples=num_samples,
                     divergence_threshold=protocol.divergence_threshold, progress=progress,
-                    label=f"{protocol.name} ({engine_label})", iterations_per_draw=thin)
+                    label=f"{protocol.name} ({engine_label})", iterations_per_draw=thin,
+                    chunk_size=chunk_size, on_draws=on_draws)
         result = _result_of(run, server, protocol.name, flat_model, info, transport, burn_in,
                             thin)
     finally:
@@ -554,7 +559,8 @@ def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str
     This is what an algorithm defined outside the package calls from its ``sample``: it
     needs no edit of fedmcmc (``docs/development``, "Adding a hand-off algorithm").
     ``options``: the engine options of ``fedmcmc.engines.options`` (``visit_timeout``,
-    ``on_client_failure``, ``audit_messages``, and on Ray ``ray_address`` etc.).
+    ``on_client_failure``, ``audit_messages``, and on Ray ``ray_address`` etc.), and the run
+    options ``chunk_size`` and ``on_draws`` (``on_chunk`` is not called: no resume).
     """
     if not isinstance(protocol, HandoffProtocol):
         raise ValueError(f"protocol must be a fedmcmc.protocols.HandoffProtocol, got {protocol!r}")
@@ -571,7 +577,8 @@ def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str
         engine_label="local", visit_timeout=options.get("visit_timeout"),
         on_client_failure=options["on_client_failure"],
         audit_messages=bool(options.get("audit_messages", False)),
-        fault_injection=options.get("fault_injection"), **common)
+        fault_injection=options.get("fault_injection"), chunk_size=options.get("chunk_size"),
+        on_draws=options.get("on_draws"), **common)
 
 
 def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_samples, burn_in,
@@ -588,5 +595,6 @@ def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_sam
             on_client_failure=options["on_client_failure"],
             audit_messages=bool(options.get("audit_messages", False)),
             fault_injection=options.get("fault_injection"),
-            progress=progress, info=info,
+            progress=progress, info=info, chunk_size=options.get("chunk_size"),
+            on_draws=options.get("on_draws"),
         ))

@@ -8,9 +8,9 @@ from typing import Any, Dict
 import numpy as np
 
 from ..algorithm import check_positive_float, check_positive_int
-from ..checkpoint import RUN_OPTIONS
+from ..checkpoint import RUN_OPTIONS, split_run_options
 
-__all__ = ["ENGINE_OPTIONS", "check_engine_options"]
+__all__ = ["ENGINE_OPTIONS", "PROTOCOL_RUN_OPTIONS", "check_engine_options"]
 
 
 ENGINE_OPTIONS = (
@@ -30,13 +30,19 @@ ENGINE_OPTIONS = (
 )
 
 
+#: the run options (``fedmcmc.checkpoint``) every protocol engine honours: draws between the
+#: driver's callbacks, and the callback that receives each chunk's kept draws (laid out as on
+#: the in-process engine). ``on_chunk`` is accepted and not called: these runs are not resumed.
+PROTOCOL_RUN_OPTIONS = ("chunk_size", "on_draws")
+
 #: the options that only the Ray engine reads
 RAY_ONLY_OPTIONS = ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
                     "clients_per_actor", "reuse_actors", "allow_unauthenticated_cluster")
 
 
 def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray") -> Dict[str, Any]:
-    """Keep the engine options of ``options`` (``ValueError`` naming any other, or a resume
+    """Keep the engine options of ``options`` and the run options of
+    :data:`PROTOCOL_RUN_OPTIONS` (``ValueError`` naming any other, a bad value, or a resume
     option, which the protocol engines do not support), with defaults filled in. ``engine``
     names the engine in the messages."""
     unknown = sorted(set(options) - set(ENGINE_OPTIONS) - set(RUN_OPTIONS))
@@ -59,6 +65,8 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
         if ray_only:
             raise ValueError(f"{ray_only[0]} is a Ray option; engine='local' takes none")
     out = {k: options[k] for k in ENGINE_OPTIONS if k in options}
+    run = split_run_options({k: options[k] for k in PROTOCOL_RUN_OPTIONS if k in options}, name)
+    out.update({k: run[k] for k in PROTOCOL_RUN_OPTIONS if run.get(k) is not None})
     policy = out.get("on_client_failure", "stop")
     if policy not in ("stop", "drop"):
         raise ValueError(f"on_client_failure must be 'stop' or 'drop', got {policy!r}")

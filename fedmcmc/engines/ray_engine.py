@@ -76,6 +76,11 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     for the local one) that runs without token authentication. ``True``: run on
     it anyway; ``info["ray_authentication"]`` then says
     ``"disabled (allowed by user)"``.
+
+Of the run options (``fedmcmc.checkpoint``), ``chunk_size`` and ``on_draws`` are honoured
+by every family, the draws laid out as on the local engine; ``on_chunk`` is accepted and not
+called, and ``start_draw``/``resume_state`` are refused: a Ray run is not resumed
+(``engines.options.PROTOCOL_RUN_OPTIONS``).
 """
 
 from __future__ import annotations

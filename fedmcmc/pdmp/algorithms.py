@@ -312,14 +312,10 @@ class _FedPDMP(Algorithm):
         ``on_chunk`` is not called and ``start_draw``/``resume_state`` are refused.
         """
         if engine == "ray":
+            # with the run options the broadcast run honours: draws per call (its chains wait
+            # for each other only at a chunk's end) and the draws callback; on_chunk is not
+            # called (a Ray run is not resumed from a checkpoint)
             engine_options = check_engine_options(options, self.name)
-            # the run options the broadcast run honours: draws per call (its chains wait for
-            # each other only at a chunk's end) and the draws callback; on_chunk is not called
-            # (a Ray run is not resumed from a checkpoint)
-            run_options = split_run_options(
-                {k: options[k] for k in ("chunk_size", "on_draws") if k in options}, self.name)
-            engine_options.update({k: run_options[k] for k in ("chunk_size", "on_draws")
-                                   if run_options.get(k) is not None})
         else:
             run_options = split_run_options(options, self.name)
         if skeleton is True:
