@@ -19,6 +19,8 @@ import fedmcmc as fm
 from fedmcmc.engines.comm import ClientFailureError, InProcessTransport
 from fedmcmc.engines.options import check_engine_options
 
+from chunks import DrawsReceived
+
 DIM = 2
 SIZES = (15, 25, 4, 40)  # very unequal, one client smaller than the batch
 MODEL = fm.models.gaussian_mean(DIM)  # x ~ N(mu, I), mu ~ N(0, I)
@@ -61,8 +63,17 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_in_process_transport_gives_the_local_draws(name):
     algorithm, tolerance = CASES[name]
-    local = fm.sample(MODEL, fm.Federation(client_rows()), algorithm, **RUN)
-    distributed = over_transport(algorithm, audit_messages=True)
+    # the run options both engines honour: chunk_size, and on_draws (each chain's draws;
+    # consensus MC refuses on_draws on both, as it combines the draws after sampling)
+    chunked = {} if name == "ConsensusMC" else {"chunk_size": 8}
+    local_chunks, chunks = DrawsReceived(), DrawsReceived()
+    local = fm.sample(MODEL, fm.Federation(client_rows()), algorithm, **RUN, **chunked,
+                      **({"on_draws": local_chunks} if chunked else {}))
+    distributed = over_transport(algorithm, audit_messages=True, **chunked,
+                                 **({"on_draws": chunks} if chunked else {}))
+    if chunked:
+        local_chunks.check(local, RUN["burn_in"], 8)
+        chunks.check(distributed, RUN["burn_in"], 8)
     if tolerance == 0.0:
         np.testing.assert_array_equal(distributed.flat_samples(), local.flat_samples())
     else:

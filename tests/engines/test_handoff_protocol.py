@@ -25,6 +25,7 @@ from fedmcmc.engines.handoff import sample_protocol
 from fedmcmc.langevin.estimators import draw_minibatch, dsgld_gradient
 from fedmcmc.protocols import HandoffProtocol
 
+from chunks import DrawsReceived
 from stats import check_gaussian_moments
 
 DIM = 2
@@ -220,6 +221,17 @@ def _dsgld_protocol_run(**options):
 @pytest.fixture(scope="module")
 def uninterrupted():
     return _dsgld_protocol_run()
+
+
+def test_chunk_size_and_on_draws_are_honoured(uninterrupted):
+    """The hand-off engine passes each chunk's kept draws to on_draws (flat positions, as
+    in-process), ending the chunks where chunk_size says; the draws do not change."""
+    received = DrawsReceived()
+    result = _dsgld_protocol_run(chunk_size=16, on_draws=received)
+    received.check(result, burn_in=0, chunk_size=16)
+    np.testing.assert_array_equal(result.flat_samples(), uninterrupted.flat_samples())
+    with pytest.raises(ValueError, match="chunk_size"):
+        _dsgld_protocol_run(chunk_size=0)
 
 
 def test_a_crashed_client_stops_the_run_and_keeps_the_draws(uninterrupted):

@@ -12,6 +12,8 @@ from fedmcmc.engines.comm import ClientFailureError, InProcessTransport
 from fedmcmc.decentralised.distributed import run_neighbour
 from fedmcmc.engines.options import check_engine_options
 
+from chunks import DrawsReceived
+
 DIM = 2
 SIZES = (4, 9, 30, 17, 55)
 MODEL = fm.Model(
@@ -41,10 +43,14 @@ def over_transport(algorithm, **options):
                  marks=pytest.mark.slow),
 ], ids=["DULA", "GTDULA-minibatch"])
 def test_the_neighbour_engine_gives_the_in_process_draws(algorithm):
-    local = fm.sample(MODEL, federation(), algorithm, **RUN)
-    exchanged = over_transport(algorithm, audit_messages=True)
+    local_chunks, chunks = DrawsReceived(), DrawsReceived()
+    local = fm.sample(MODEL, federation(), algorithm, chunk_size=8, on_draws=local_chunks, **RUN)
+    exchanged = over_transport(algorithm, audit_messages=True, chunk_size=8, on_draws=chunks)
     # the same updates, one agent per endpoint instead of vmapped: float rounding only
     np.testing.assert_allclose(exchanged.flat_samples(), local.flat_samples(), rtol=0, atol=1e-5)
+    # on_draws gets the network average chunk by chunk on both engines
+    local_chunks.check(local, RUN["burn_in"], 8)
+    chunks.check(exchanged, RUN["burn_in"], 8)
     info = exchanged.info
     assert info["engine"] == "local"
     # one message per directed edge per iteration (a ring of 5: 10 directed edges)

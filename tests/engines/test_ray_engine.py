@@ -30,6 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 import fedmcmc as fm  # noqa: E402
 from fedmcmc.engines.comm import ClientFailureError  # noqa: E402
 
+from chunks import DrawsReceived  # noqa: E402
 from stats import check_gaussian_moments  # noqa: E402
 from toy_problems import (  # noqa: E402
     GAUSSIAN_MODEL,
@@ -41,6 +42,7 @@ from toy_problems import (  # noqa: E402
 )
 
 TIMEOUT = 120.0  # seconds any one message may take: bounds every run
+CHUNK = 16  # chunk_size of the identity runs: their on_draws chunks are checked
 
 
 def _listening_addresses():
@@ -65,12 +67,14 @@ def _fsgld_runs(num_samples, burn_in, chains, seed, surrogate="exact", **surroga
                          **surrogate_options)
     common = dict(init=jnp.zeros(DIM), thin=thin, num_samples=num_samples, burn_in=burn_in,
                   chains=chains, seed=seed)
+    received = DrawsReceived()  # the run options every engine honours
     on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
-                       visit_timeout=TIMEOUT, audit_messages=True, **common)
+                       visit_timeout=TIMEOUT, audit_messages=True, chunk_size=CHUNK,
+                       on_draws=received, **common)
     listening = _listening_addresses()
     in_process = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **common)
     return dict(federation=federation, h=h, thin=thin, algorithm=algorithm, ray=on_ray,
-                local=in_process, listening=listening)
+                local=in_process, listening=listening, received=received, burn_in=burn_in)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +115,10 @@ def test_long_ray_run_identical_to_in_process(long_fsgld_runs):
 
 
 def test_ray_draws_identical_to_in_process(fsgld_runs):
-    """Same seed, same random streams: the Ray engine reproduces the in-process draws."""
+    """Same seed, same random streams: the Ray engine reproduces the in-process draws; its
+    chunks (``chunk_size``) reach ``on_draws``."""
     on_ray, local = fsgld_runs["ray"], fsgld_runs["local"]
+    fsgld_runs["received"].check(on_ray, fsgld_runs["burn_in"], CHUNK)
     np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
     np.testing.assert_array_equal(on_ray.sample_stats["client"], local.sample_stats["client"])
     np.testing.assert_array_equal(on_ray.sample_stats["round"], local.sample_stats["round"])
@@ -360,10 +366,18 @@ def test_engine_options_are_checked(local_ray):
     with pytest.raises(ValueError, match="engine='ray' is not available"):
         fm.sample(GAUSSIAN_MODEL, federation, fm.SGLD(step_size=1e-3, batch_size=5),
                   engine="ray", **KILL_KW)
-    for bad in (dict(chunk_size=0), dict(on_draws="draws.npy")):  # Fed-PDMC uses both on Ray
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            fm.sample(GAUSSIAN_MODEL, federation, fm.FedZigZag(sample_interval=0.5),
-                      engine="ray", **bad, **KILL_KW)
+    # every engine uses both on Ray (checked before any actor starts)
+    for other in (algorithm, fm.FedZigZag(sample_interval=0.5), fm.DULA(step_size=1e-3, beta=0.3),
+                  fm.FALD(step_size=1e-3, batch_size=5, local_steps=2)):
+        for bad in (dict(chunk_size=0), dict(on_draws="draws.npy")):
+            with pytest.raises(ValueError, match=next(iter(bad))):
+                fm.sample(GAUSSIAN_MODEL, federation, other, engine="ray", **bad, **KILL_KW)
+    # consensus MC combines the clients' draws after sampling: no draws chunk by chunk,
+    # on either engine
+    for engine in ("local", "ray"):
+        with pytest.raises(ValueError, match="on_draws: ConsensusMC"):
+            fm.sample(GAUSSIAN_MODEL, federation, fm.ConsensusMC(), engine=engine,
+                      on_draws=print, **KILL_KW)
 
 
 def test_later_runs_reuse_the_actors_and_give_the_same_draws(local_ray):
@@ -406,9 +420,12 @@ def _decentralised_identity(algorithm):
     """Agents as Ray actors exchanging object references: the in-process engine's draws."""
     federation = gaussian_federation()
     local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **DECENTRALISED_KW)
+    received = DrawsReceived()
     on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
-                       visit_timeout=TIMEOUT, audit_messages=True, **DECENTRALISED_KW)
+                       visit_timeout=TIMEOUT, audit_messages=True, chunk_size=CHUNK,
+                       on_draws=received, **DECENTRALISED_KW)
     np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
+    received.check(on_ray, DECENTRALISED_KW["burn_in"], CHUNK)  # the network average
     np.testing.assert_allclose(np.asarray(on_ray.info["agent_samples"]),
                                np.asarray(local.info["agent_samples"]), rtol=0, atol=1e-4)
     np.testing.assert_allclose(on_ray.sample_stats["consensus_error"],
