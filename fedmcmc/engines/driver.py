@@ -167,6 +167,25 @@ def drive(
     started = last_update = time.perf_counter()
     stopped = False
 
+    def mark_diverged(first: int, draws: np.ndarray, stats: Dict[str, np.ndarray],
+                      made: Optional[np.ndarray] = None) -> bool:
+        """Stop the chains with a draw that fails :func:`check_draws` among ``draws`` (rows
+        ``first ..``; with ``made``, only the rows each chain made: a stopped call's padding is
+        not a divergence): record the first bad draw and its stats, and make the chain's draws
+        NaN from there (in place). True if any chain diverged."""
+        bad_rows = ~check_draws(draws, divergence_threshold)
+        if made is not None:
+            bad_rows &= np.arange(len(draws))[:, None] < np.asarray(made)[None, :]
+        for chain in np.nonzero(bad_rows.any(axis=0))[0]:
+            row = int(np.argmax(bad_rows[:, chain]))
+            diverged[chain] = True
+            first_bad[chain] = first + row
+            for k, v in stats.items():
+                bad_stats.setdefault(k, np.full(chains, -1, dtype=v.dtype))
+                bad_stats[k][chain] = v[row, chain]
+            draws[row:, chain] = np.nan
+        return bool(bad_rows.any())
+
     def keep(first: int, draws: np.ndarray, stats: Dict[str, np.ndarray]) -> bool:
         """Keep the rows of draws ``first ..`` past the burn-in; True if any."""
         keep_from = max(0, burn_in - first)
@@ -193,8 +212,11 @@ def drive(
                         failure = error
                     partial = getattr(error, "partial", None)
                     if partial is not None and len(partial.draws):
-                        keep(done, np.array(partial.draws, dtype=partial.draws.dtype),
-                             {k: np.asarray(v) for k, v in partial.stats.items()})
+                        # the draws the call made before it stopped, checked as any others
+                        partial_draws = np.array(partial.draws, dtype=partial.draws.dtype)
+                        partial_stats = {k: np.asarray(v) for k, v in partial.stats.items()}
+                        mark_diverged(done, partial_draws, partial_stats, partial.made)
+                        keep(done, partial_draws, partial_stats)
                         made_per_chain = done + np.asarray(partial.made, np.int64)
                         states = partial.states
                         done += int(np.max(partial.made))
@@ -202,17 +224,7 @@ def drive(
                     break
                 draws = np.array(draws)  # writable copy
                 stats = {k: np.asarray(v) for k, v in stats.items()}
-                ok = check_draws(draws, divergence_threshold)
-                if not ok.all():
-                    bad_rows = ~ok
-                    for chain in np.nonzero(bad_rows.any(axis=0))[0]:
-                        row = int(np.argmax(bad_rows[:, chain]))
-                        diverged[chain] = True
-                        first_bad[chain] = done + row
-                        for k, v in stats.items():
-                            bad_stats.setdefault(k, np.full(chains, -1, dtype=v.dtype))
-                            bad_stats[k][chain] = v[row, chain]
-                        draws[row:, chain] = np.nan
+                if mark_diverged(done, draws, stats):
                     keep(done, draws, stats)
                     done += count
                     states = new_states

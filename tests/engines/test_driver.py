@@ -90,6 +90,31 @@ def test_a_client_failure_ends_the_run_with_the_partial_draws():
     assert result.info["draws_per_chain"] == [12] * CHAINS
 
 
+def test_the_draws_of_a_stopped_call_are_checked_for_divergence_too():
+    """A call stopped by a failure (or Ctrl-C) attaches the draws it made: a bad one among them
+    marks its chain diverged, as in any other call; a chain's padding past the draws it made
+    (the broadcast engine's chains end at different draws) does not."""
+    run = drive(counting_advance(bad=(15, 1), fail_at=17), 0, chains=CHAINS, draw_dim=DIM,
+                burn_in=5, num_samples=40, chunk_size=10, progress=False)
+    assert isinstance(run.failure, ClientFailure)
+    assert run.diverged.tolist() == [False, True, False]
+    assert run.first_bad_draw.tolist() == [-1, 15, -1]
+    assert run.bad_stats["client"][1] == 1 + 10 * 15
+    assert np.isfinite(run.draws[1, :10]).all() and np.isnan(run.draws[1, 10:]).all()
+    assert np.isfinite(run.draws[[0, 2]]).all()
+
+    def padded(states, first, count):
+        failure = ClientFailure(0, "died")
+        draws = np.zeros((4, CHAINS, DIM))
+        draws[2:, 1] = np.nan  # chain 1 made two draws of the four
+        failure.partial = PartialDraws("partial-states", draws, {}, np.array([4, 2, 4]))
+        raise failure
+
+    run = drive(padded, 0, chains=CHAINS, draw_dim=DIM, burn_in=0, num_samples=10,
+                progress=False)
+    assert not run.diverged.any() and run.draws_per_chain.tolist() == [4, 2, 4]
+
+
 def test_the_family_s_own_figures_win_over_the_standard_ones():
     run = drive(counting_advance(), 0, chains=CHAINS, draw_dim=DIM, burn_in=0, num_samples=4,
                 progress=False)
