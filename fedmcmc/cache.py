@@ -330,15 +330,21 @@ def jit_with_constants_as_arguments(function: Callable, **jit_options) -> Callab
     evaluate.__qualname__ = getattr(function, "__qualname__", evaluate.__qualname__)
     evaluate = jax.jit(evaluate, static_argnums=0, **jit_options)
 
-    def call(*arguments):
+    def evaluate_arguments(arguments):
         flat_arguments, argument_tree = jax.tree_util.tree_flatten(arguments)
         signature = (argument_tree, tuple(jax.typeof(leaf) for leaf in flat_arguments))
         if signature not in traced:
             closed, output_shapes = jax.make_jaxpr(function, return_shape=True)(*arguments)
             traced[signature] = (closed.jaxpr, jax.tree_util.tree_structure(output_shapes),
                                  closed.consts)
-        return evaluate(signature, traced[signature][2], flat_arguments)
+        return signature, traced[signature][2], flat_arguments
 
+    def call(*arguments):
+        return evaluate(*evaluate_arguments(arguments))
+
+    # as a jitted function's: ``.lower(*arguments)`` (e.g. ``.as_text()``, the program whose
+    # text the compilation cache hashes)
+    call.lower = lambda *arguments: evaluate.lower(*evaluate_arguments(arguments))
     return call
 
 

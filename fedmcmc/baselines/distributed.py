@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
+from ..cache import jit_with_constants_as_arguments
 from ..engines.broadcast import BroadcastClient
 from ..engines.comm import (call_all, describe_federation, gather, gather_before_sampling,
                             with_fault_injection)
@@ -153,7 +154,9 @@ class FALDFunctions:
             return jax.lax.fori_loop(0, count, lambda i, th: all_chains(
                 th, keys[:, i], present, scale), local)
 
-        context.store["fald"] = {"steps": jax.jit(steps), "local": None,
+        # (jit_with_constants_as_arguments: the client's rows and f_s are arguments, so
+        # another seed or other rows of the same shapes reuse the program; so below)
+        context.store["fald"] = {"steps": jit_with_constants_as_arguments(steps), "local": None,
                                  "longest": int(settings["longest"])}
         return context.index
 
@@ -200,7 +203,8 @@ class QLSDFunctions:
                                             likelihood(theta, rows(key_batch)), weight)
             return send(key_quant, gradient)
 
-        store = {"plain": jax.jit(jax.vmap(plain)), "every": settings.get("reference_every")}
+        store = {"plain": jit_with_constants_as_arguments(jax.vmap(plain)),
+                 "every": settings.get("reference_every")}
         if store["every"] is not None:
             alpha = jnp.asarray(settings["memory_rate"], dtype)
 
@@ -221,8 +225,8 @@ class QLSDFunctions:
                 return sent, zeta, exact, memory + alpha * sent
 
             zeros = jnp.zeros((int(settings["chains"]), flat.dim), dtype)
-            store.update(refreshed=jax.jit(jax.vmap(refreshed)),
-                         controlled=jax.jit(jax.vmap(controlled)),
+            store.update(refreshed=jit_with_constants_as_arguments(jax.vmap(refreshed)),
+                         controlled=jit_with_constants_as_arguments(jax.vmap(controlled)),
                          zeta=zeros, exact=zeros, memory=zeros)
         context.store["qlsd"] = store
         return context.index
@@ -622,12 +626,13 @@ def sample_consensus(algorithm, model, federation, make_transport, engine_label:
         theta0 = np.asarray(flat.ravel(init))
         step_sizes = clients.setup("warmup", warm_keys, theta0)
         clients.ready()
-        draw_keys = jax.jit(lambda first, count: jax.vmap(
+        # the key an argument (another seed: the same program)
+        draw_keys = jax.jit(lambda key, first, count: jax.vmap(
             lambda i: rng.split_key(rng.fold_in(key, i), chains))(first + jnp.arange(count)),
-            static_argnums=1)
+            static_argnums=2)
 
         def advance(state, first_draw, count):
-            keys = _key_data(draw_keys(first_draw, count))  # (count, chains, 2)
+            keys = _key_data(draw_keys(key, first_draw, count))  # (count, chains, 2)
             replies = clients.respond({s: (keys,) for s in range(num_clients)})
             positions = np.stack([replies[s][0] for s in range(num_clients)], axis=2)
             state = {"divergences": np.stack([replies[s][1] for s in range(num_clients)], 1),

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..diagnostics import bias_estimate
 from .. import rng
+from ..cache import jit_with_constants_as_arguments
 from ..engines.comm import ClientFailureError, describe_federation, with_fault_injection
 from ..engines.comm import gather as comm_gather
 from ..engines.driver import ChainRun, drive
@@ -132,14 +133,16 @@ class _Agent:
                 return new_w, new_d, new_g
             return new_w, d, g
 
-        @jax.jit
+        # the run's key and the agent's rows are arguments of its programs, not constants:
+        # another seed or other rows of the same shapes, the same programs
+        @jit_with_constants_as_arguments
         def step(k, w, d, g, neighbours_w, neighbours_d, weights):
             # neighbours_*: (num_neighbours, chains, dim) -> per chain (num_neighbours, dim)
             return jax.vmap(one_chain, in_axes=(0, None, 0, 0, 0, 1, 1, None))(
                 jnp.arange(chains), k, w, d, g, neighbours_w, neighbours_d, weights
             )
 
-        @jax.jit
+        @jit_with_constants_as_arguments
         def gradient_terms(w, d, w_bar):
             # this agent's part of kernels.tracking_error, per chain: its direction (the
             # tracker d_i, or DULA's exact local gradient grad E_i(w_i)) and grad E_i(w_bar)

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
+from ..cache import jit_with_constants_as_arguments
 from ..arrays import device_array
 from ..federation import Federation, describe_client
 from ..model import unravel_draws_numpy
@@ -163,8 +164,10 @@ class HandoffClient(ClientEndpoint):
 
         # the rows are an argument, not constants of the program: clients of the same shapes
         # (and the same protocol and model) then lower to the same program, compiled once per
-        # machine and read back from the compilation cache by the others
-        @jax.jit
+        # machine and read back from the compilation cache by the others; so are the run's key
+        # and what the visit closes over (jit_with_constants_as_arguments): a run with another
+        # seed, or on other rows, is the same program too
+        @jit_with_constants_as_arguments
         def visit(chain, carry, iteration, parameters, rows):
             rows_layout = dataclasses.replace(layout, data=rows)
             update = protocol.build_update(context._replace(data=rows_layout), parameters)
@@ -219,7 +222,7 @@ class HandoffServer:
         self.dim = dim = int(np.shape(position_of(initial_carry))[0])
         root = rng.seed_key(seed)
 
-        @jax.jit
+        @jit_with_constants_as_arguments  # the run's key is an argument (another seed: same)
         def next_client(chain, t, cumulative):
             key_client = jax.random.split(iteration_key(root, chains, thin, chain, t), 3)[0]
             return draw_client(key_client, cumulative)

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..cache import jit_with_constants_as_arguments
 from ..federation import Federation
 from ..protocols import ClientContext
 from ..engines.broadcast import BroadcastClient, BroadcastDraw
@@ -135,8 +136,10 @@ class WorkerFunctions:
                 return protocol.worker_gradient(x, own.data, own.mask, own.g_ref, own.cv_weight,
                                                 alpha)
 
-            state.propose = jax.jit(jax.vmap(propose))
-            state.gradient = jax.jit(jax.vmap(gradient))
+            # the worker's rows, bounds and shares are arguments of these programs, not
+            # constants: another seed or other rows of the same shapes, the same programs
+            state.propose = jit_with_constants_as_arguments(jax.vmap(propose))
+            state.gradient = jit_with_constants_as_arguments(jax.vmap(gradient))
         return context.index
 
     def client_respond(self, context, key_data, x, v, cap, alpha, scale, with_gradient=False):
