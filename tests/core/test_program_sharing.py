@@ -291,3 +291,70 @@ def test_another_seed_and_other_data_of_the_same_shapes_compile_nothing_new(
     # other shapes are other programs, and the check sees them
     reshaped = run(2, extra_row=1)
     assert set(reshaped) > set(first)
+
+
+def _over_transport(engine: str):
+    """A run of each protocol engine with its clients as in-process endpoints (their programs
+    are the ones a Ray actor compiles): ``run(federation, seed)``."""
+    from fedmcmc.decentralised.distributed import run_neighbour
+    from fedmcmc.engines.comm import InProcessTransport
+    from fedmcmc.engines.handoff import sample_protocol
+    from fedmcmc.engines.options import check_engine_options
+
+    def transport(specs):
+        return InProcessTransport([cls(*args) for cls, args in specs])
+
+    common = dict(init=INIT, num_samples=20, burn_in=2, thin=2, chains=2)
+
+    def run(federation, seed):
+        if engine == "hand-off":
+            protocol = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
+            return sample_protocol(protocol, MODEL, federation, engine="local", seed=seed,
+                                   **common)
+        if engine == "broadcast":
+            algorithm = fm.FedZigZag(sample_interval=0.3)
+            with jax.enable_x64(True):
+                return algorithm._sample_distributed(
+                    MODEL, federation, INIT, 20, 2, 2, seed, False, 0, 0.0, True, transport,
+                    "local", check_engine_options({}, algorithm.name))
+        if engine == "neighbour":
+            algorithm = fm.DULA(step_size=1e-3, beta=0.3)
+            settings = algorithm.settings(MODEL, federation, INIT,
+                                          algorithm.topology(federation.num_clients))
+            return run_neighbour(algorithm._resolved(settings), MODEL, federation, transport,
+                                 "local", check_engine_options({}, algorithm.name), seed=seed,
+                                 **common).result
+        algorithm = fm.FALD(step_size=1e-3, batch_size=10, local_steps=2)
+        return algorithm.sample_distributed(MODEL, federation, transport, "local",
+                                            check_engine_options({}, algorithm.name),
+                                            seed=seed, progress=False, **common)
+
+    return run
+
+
+@pytest.mark.parametrize("engine", [
+    "hand-off",
+    pytest.param("broadcast", marks=pytest.mark.slow),
+    pytest.param("neighbour", marks=pytest.mark.slow),
+    pytest.param("baselines", marks=pytest.mark.slow),
+])
+def test_client_programs_do_not_depend_on_the_seed_or_the_rows_values(
+        tmp_path, restore_cache_settings, engine):
+    """What a client endpoint compiles (a hand-off visit, a Fed-PDMC worker's proposal, an
+    agent's step, an FA-LD client's local steps) takes the run's key and the client's rows as
+    arguments: a Ray actor serving a second run with another seed on other rows of the same
+    shapes reads its programs from the cache. A run with other shapes compiles anew."""
+    directory = fm.cache.enable(tmp_path / "jax")
+    run = _over_transport(engine)
+    sizes = (30, 12, 45)
+
+    def cache_after(seed, extra_row=0):
+        federation = fm.Federation([_rows(10 * seed + i, n + (extra_row if i == 0 else 0))
+                                    for i, n in enumerate(sizes)])
+        assert np.isfinite(run(federation, seed).flat_samples()).all()
+        return sorted(p.name for p in directory.glob("*-cache"))
+
+    first = cache_after(0)
+    again = cache_after(1)
+    assert again == first, sorted(set(again) - set(first))
+    assert set(cache_after(2, extra_row=1)) > set(first)
