@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 import jax
+import numpy as np
 from jax.experimental.compilation_cache import compilation_cache as _jax_cache
 
 __all__ = [
@@ -316,36 +317,53 @@ def jit_with_constants_as_arguments(function: Callable, **jit_options) -> Callab
     outside the traced function. Jitted functions called inside ``function`` need
     ``inline=True`` for their closed-over arrays to become arguments too.
 
-    Used for the samplers' run programs (``engines.local``) and the set-up programs that
-    close over client data (initial states, fits, tuning terms)."""
-    traced: Dict[Any, Any] = {}
+    Used for the samplers' run programs (``engines.local``), the set-up programs that close
+    over client data (initial states, fits, tuning terms) and the client endpoints' programs
+    (a hand-off visit, a Fed-PDMC worker's proposal, an agent's step). A call costs about
+    what a jitted function's does plus one flattening of the arguments."""
+    # per argument signature: the compiled program (a jit of the traced jaxpr, whose
+    # constants are its first argument) and the constants
+    programs: Dict[Any, Any] = {}
+    name = getattr(function, "__name__", "function")
+    qualname = getattr(function, "__qualname__", name)
 
-    def evaluate(signature, constants, flat_arguments):
-        jaxpr, output_tree = traced[signature][:2]
-        outputs = jax.core.eval_jaxpr(jaxpr, constants, *flat_arguments)
-        return jax.tree_util.tree_unflatten(output_tree, outputs)
-
-    # the program keeps the function's name (the cache's file names, profiles, logs)
-    evaluate.__name__ = getattr(function, "__name__", evaluate.__name__)
-    evaluate.__qualname__ = getattr(function, "__qualname__", evaluate.__qualname__)
-    evaluate = jax.jit(evaluate, static_argnums=0, **jit_options)
-
-    def evaluate_arguments(arguments):
+    def program_of(arguments):
         flat_arguments, argument_tree = jax.tree_util.tree_flatten(arguments)
-        signature = (argument_tree, tuple(jax.typeof(leaf) for leaf in flat_arguments))
-        if signature not in traced:
+        signature = (argument_tree, tuple(_abstract_key(leaf) for leaf in flat_arguments))
+        entry = programs.get(signature)
+        if entry is None:
             closed, output_shapes = jax.make_jaxpr(function, return_shape=True)(*arguments)
-            traced[signature] = (closed.jaxpr, jax.tree_util.tree_structure(output_shapes),
-                                 closed.consts)
-        return signature, traced[signature][2], flat_arguments
+            jaxpr, output_tree = closed.jaxpr, jax.tree_util.tree_structure(output_shapes)
+
+            def evaluate(constants, flat_arguments):
+                outputs = jax.core.eval_jaxpr(jaxpr, constants, *flat_arguments)
+                return jax.tree_util.tree_unflatten(output_tree, outputs)
+
+            # the program keeps the function's name (the cache's file names, profiles, logs)
+            evaluate.__name__, evaluate.__qualname__ = name, qualname
+            entry = programs[signature] = (jax.jit(evaluate, **jit_options), list(closed.consts))
+        return entry[0], entry[1], flat_arguments
 
     def call(*arguments):
-        return evaluate(*evaluate_arguments(arguments))
+        program, constants, flat_arguments = program_of(arguments)
+        return program(constants, flat_arguments)
+
+    def lower(*arguments):
+        program, constants, flat_arguments = program_of(arguments)
+        return program.lower(constants, flat_arguments)
 
     # as a jitted function's: ``.lower(*arguments)`` (e.g. ``.as_text()``, the program whose
     # text the compilation cache hashes)
-    call.lower = lambda *arguments: evaluate.lower(*evaluate_arguments(arguments))
+    call.lower = lower
     return call
+
+
+def _abstract_key(leaf) -> tuple:
+    """What of an argument decides the traced program: its shape, dtype and weak type (a Python
+    number is weakly typed). Cheaper than ``jax.typeof`` on the per-call path."""
+    if isinstance(leaf, (bool, int, float, complex)):
+        return (type(leaf),)
+    return (np.shape(leaf), leaf.dtype, bool(getattr(leaf, "weak_type", False)))
 
 
 # ``import fedmcmc`` imports this module before anything compiles
