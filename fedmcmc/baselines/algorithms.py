@@ -76,7 +76,8 @@ class _Baseline(Algorithm):
         """Refuse run arguments the algorithm cannot use (``ValueError``); default: none."""
 
     def check_engine_run_options(self, options) -> None:
-        """Refuse run options the algorithm cannot honour on the Ray engine; default: none."""
+        """Refuse run options the algorithm cannot honour (``ValueError``), on either engine;
+        default: none."""
 
 
 def _client_failure(algorithm, engine_label: str, run, result) -> ClientFailureError:

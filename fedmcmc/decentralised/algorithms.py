@@ -333,7 +333,7 @@ class _Decentralised(Algorithm):
         spread_limit = _spread_limit(self.spread_limit, settings)
         check_after = int(burn_in) * int(thin)
         # a device array, not a Python float: the run program takes it as an argument
-        # (engines.local.jit_with_constants_as_arguments), so a run on other data, with
+        # (cache.jit_with_constants_as_arguments), so a run on other data, with
         # another limit, is the same program
         limit = None if spread_limit is None else device_array(spread_limit, flat_model.dtype)
 

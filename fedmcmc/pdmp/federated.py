@@ -459,7 +459,7 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
     # jitted: its trace (the user's likelihood gradient) is made once and shared by every
     # call site (each worker's thinning loop, its first anchor, the rate diagnostics);
     # inlined, so that the arrays it closes over are the run program's, passed in
-    # (engines.local.jit_with_constants_as_arguments)
+    # (cache.jit_with_constants_as_arguments)
     @functools.partial(jax.jit, inline=True)
     def data_worker_grad(x, data_m, mask_m, g_ref_m, w_m, alpha_m):
         return worker_potential_grad(cfg.data_grad(x, data_m, mask_m), x, g_ref_m, w_m, alpha_m)
