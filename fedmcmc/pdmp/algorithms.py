@@ -144,6 +144,16 @@ def _unpadded_workers_data_grad(flat_model, padded, sizes, reference_share=None,
     return workers_data_grad
 
 
+def _positions_only(on_draws, d: int, dtype):
+    """``on_draws`` for the engines' draws, (position, mean over the draw's interval): the
+    callback gets the positions in ``dtype`` (the model's), what ``result.samples`` holds."""
+
+    def positions(draws, stats, first_index):
+        on_draws(np.asarray(draws[..., :d], dtype=np.dtype(dtype)), stats, first_index)
+
+    return positions
+
+
 def _run_sums(burn_in: int, num_samples: int, d: int, chains: int):
     """``(accumulate, initial RunSums (chains, ...), batch length)``:
     ``accumulate(n_draws_before, sums, draw, stats) -> sums`` adds one draw of one chain
@@ -342,14 +352,9 @@ class _FedPDMP(Algorithm):
         d = model.flatten(init).dim
         accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
         options = dict(engine_options)
-        on_draws = options.get("on_draws")
-        if on_draws is not None:
-            out_dtype = np.dtype(model.flatten(init).dtype)
-
-            def positions_only(draws, stats, first_index, _user=on_draws):
-                _user(np.asarray(draws[..., :d], dtype=out_dtype), stats, first_index)
-
-            options["on_draws"] = positions_only
+        if options.get("on_draws") is not None:
+            options["on_draws"] = _positions_only(options["on_draws"], d,
+                                                  model.flatten(init).dtype)
         distributed = sample_pdmp(
             self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
             chains=chains, seed=seed, progress=progress, skeleton_size=skeleton_size,
@@ -399,15 +404,9 @@ class _FedPDMP(Algorithm):
 
         states = (fed_states, sums)
         states, start_draw = resume_from(run_options, states)
-        on_draws = run_options.pop("on_draws", None)
-        if on_draws is not None:
-            # The engine's draws are (position, interval mean); pass on what result.samples holds.
-            out_dtype = np.dtype(out_model.dtype)
-
-            def positions_only(draws, stats, first_index, _user=on_draws):
-                _user(np.asarray(draws[..., :d], dtype=out_dtype), stats, first_index)
-
-            run_options["on_draws"] = positions_only
+        if run_options.get("on_draws") is not None:
+            run_options["on_draws"] = _positions_only(run_options["on_draws"], d,
+                                                      out_model.dtype)
         run = run_chains(
             run_step, states, k_run, burn_in=burn_in, num_samples=num_samples,
             position=lambda s: s[0].x, divergence_threshold=self.divergence_threshold,
