@@ -57,7 +57,7 @@ from ..engines.broadcast import BroadcastClient
 from ..engines.comm import (call_all, describe_federation, gather, gather_before_sampling,
                             with_fault_injection)
 from ..engines.driver import ChainRun, default_chunk_size, draw_by_draw, drive
-from ..engines.options import PROTOCOL_RUN_OPTIONS
+from ..engines.options import protocol_run_options
 from ..protocols import ClientContext
 from . import consensus, fald, qlsd
 from .common import batch_likelihood_gradients, client_likelihood_gradients, client_rows
@@ -426,13 +426,6 @@ def _may_be_smaller(federation, batch_size: int) -> bool:
     return bool(np.min(np.asarray(federation.sizes)) < batch_size)
 
 
-def _run_options(options):
-    """The run options this engine uses: ``chunk_size`` and ``on_draws`` (checked with the
-    engine options, ``engines.options.PROTOCOL_RUN_OPTIONS``); ``on_chunk`` is accepted and
-    not called: a run on this engine restarts from the beginning on --resume."""
-    return {k: options[k] for k in PROTOCOL_RUN_OPTIONS if k in options}
-
-
 def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
                 options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
                 progress) -> BaselineRun:
@@ -510,7 +503,7 @@ def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
                     draw_dim=dim, burn_in=burn_in, num_samples=num_samples, draws_per_call=1,
                     divergence_threshold=algorithm.divergence_threshold, progress=progress,
                     label=f"{algorithm.name} ({engine_label})", iterations_per_draw=thin,
-                    **_run_options(options))
+                    **protocol_run_options(options))
         final = run.state
         rounds = np.asarray(final.rounds)
         info.update(
@@ -583,7 +576,7 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
 
         state = QLSDServer(jnp.broadcast_to(flat.ravel(init), (chains, dim)),
                            jnp.zeros((chains, num_clients, dim), flat.dtype), 0)
-        run_options = _run_options(options)
+        run_options = protocol_run_options(options)
         if run_options.get("on_draws") is not None:  # one row holds every chain's draw
             run_options["on_draws"] = qlsd.draws_per_chain(run_options["on_draws"], chains, dim)
         run = drive(draw_by_draw(draw_all, jax.random.key(seed), 1), state, chains=1,

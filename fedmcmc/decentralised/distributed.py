@@ -51,7 +51,7 @@ from ..engines.comm import gather as comm_gather
 from ..engines.driver import ChainRun, drive
 from ..engines.local import iteration_key
 from ..engines.neighbour import NeighbourClient
-from ..engines.options import check_engine_options
+from ..engines.options import check_engine_options, protocol_run_options
 from ..minibatch import likelihood_gradient, take_minibatch
 from ..model import unravel_draws_numpy
 from ..protocols import ClientContext
@@ -346,7 +346,7 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
                     divergence_threshold=algorithm.divergence_threshold, progress=progress,
                     label=f"{algorithm.name} ({engine_label})", iterations_per_draw=thin,
                     # the draws are the network average, what on_draws gets in-process too
-                    chunk_size=options.get("chunk_size"), on_draws=options.get("on_draws"))
+                    **protocol_run_options(options))
         if exchange["pending"] is not None and run.failure is None:
             record_gradient_terms(exchange["pending"][0], gather(exchange["pending"][1]))
     finally:

@@ -52,7 +52,7 @@ from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessT
                    with_fault_injection)
 from .driver import PartialDraws, check_draws, drive
 from .local import iteration_key
-from .options import check_engine_options
+from .options import check_engine_options, protocol_run_options
 from .ray_engine import ray_transports
 from .ray_security import record_ray_authentication
 
@@ -580,8 +580,8 @@ def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str
         engine_label="local", visit_timeout=options.get("visit_timeout"),
         on_client_failure=options["on_client_failure"],
         audit_messages=bool(options.get("audit_messages", False)),
-        fault_injection=options.get("fault_injection"), chunk_size=options.get("chunk_size"),
-        on_draws=options.get("on_draws"), **common)
+        fault_injection=options.get("fault_injection"), **protocol_run_options(options),
+        **common)
 
 
 def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_samples, burn_in,
@@ -598,6 +598,5 @@ def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_sam
             on_client_failure=options["on_client_failure"],
             audit_messages=bool(options.get("audit_messages", False)),
             fault_injection=options.get("fault_injection"),
-            progress=progress, info=info, chunk_size=options.get("chunk_size"),
-            on_draws=options.get("on_draws"),
+            progress=progress, info=info, **protocol_run_options(options),
         ))

@@ -10,7 +10,8 @@ import numpy as np
 from ..algorithm import check_positive_float, check_positive_int
 from ..checkpoint import RUN_OPTIONS, split_run_options
 
-__all__ = ["ENGINE_OPTIONS", "PROTOCOL_RUN_OPTIONS", "check_engine_options"]
+__all__ = ["ENGINE_OPTIONS", "PROTOCOL_RUN_OPTIONS", "check_engine_options",
+           "protocol_run_options"]
 
 
 ENGINE_OPTIONS = (
@@ -86,3 +87,9 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
     if timeout is not None:
         out["visit_timeout"] = check_positive_float(timeout, "visit_timeout")
     return out
+
+
+def protocol_run_options(checked: Dict[str, Any]) -> Dict[str, Any]:
+    """The run options among options checked by :func:`check_engine_options` that a protocol
+    engine passes to :func:`fedmcmc.engines.driver.drive` (:data:`PROTOCOL_RUN_OPTIONS`)."""
+    return {k: checked[k] for k in PROTOCOL_RUN_OPTIONS if k in checked}

@@ -33,6 +33,7 @@ from ..federation import Federation
 from ..protocols import ClientContext
 from ..engines.broadcast import BroadcastClient, BroadcastDraw
 from ..engines.driver import drive
+from ..engines.options import protocol_run_options
 from ..engines.comm import (ClientFailure, call_all, describe_federation,
                             gather_before_sampling, with_fault_injection)
 from . import federated
@@ -281,7 +282,6 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
         else:
             states = (fed_states, initial_sums)
             advance = _with_run_sums(draw.advance, accumulate)
-        run_options = {k: options[k] for k in ("chunk_size", "on_chunk", "on_draws") if k in options}
         dim = int(np.shape(fed_states.x)[-1])
         run = drive(
             advance, states, chains=chains,
@@ -289,7 +289,7 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
             burn_in=burn_in, num_samples=num_samples,
             divergence_threshold=algorithm.divergence_threshold, progress=progress,
             label=f"{algorithm.name} (ray)" if engine_label == "ray" else algorithm.name,
-            **run_options)
+            **protocol_run_options(options))
         failure = run.failure
         messages = transport.info()
         messages["event_rounds_broadcast"] = draw.event_rounds
