@@ -273,24 +273,30 @@ def test_another_seed_and_other_data_of_the_same_shapes_compile_nothing_new(
     computes from them (fits, bounds, a trust radius, a spread limit) are arguments of the
     programs, not constants in their text. The same check sees the new programs of a run
     whose shapes differ (one more row), so it can fail."""
+    first, again, reshaped = _cache_entries_of_three_runs(
+        tmp_path, lambda federation, seed: fm.sample(
+            MODEL, federation, make(), INIT, num_samples=20, burn_in=5, chains=2, seed=seed,
+            progress=False))
+    assert any(name.startswith("jit_run_chunk-") for name in first)
+    assert again == first, sorted(set(again) - set(first))
+    # other shapes are other programs, and the check sees them
+    assert set(reshaped) > set(first)
+
+
+def _cache_entries_of_three_runs(tmp_path, run):
+    """The entries of a private persistent cache after ``run(federation, seed)`` with seed 0
+    on three clients of 30, 12 and 45 rows, after a second run with seed 1 on other rows of
+    the same shapes, and after a third with one more row; every run's draws are finite."""
     directory = fm.cache.enable(tmp_path / "jax")
     sizes = (30, 12, 45)
 
-    def run(seed, extra_row=0):
+    def cache_after(seed, extra_row=0):
         federation = fm.Federation([_rows(10 * seed + i, n + (extra_row if i == 0 else 0))
                                     for i, n in enumerate(sizes)])
-        result = fm.sample(MODEL, federation, make(), INIT, num_samples=20, burn_in=5,
-                           chains=2, seed=seed, progress=False)
-        assert np.isfinite(result.flat_samples()).all()
+        assert np.isfinite(run(federation, seed).flat_samples()).all()
         return sorted(p.name for p in directory.glob("*-cache"))
 
-    first = run(0)
-    assert any(name.startswith("jit_run_chunk-") for name in first)
-    again = run(1)
-    assert again == first, sorted(set(again) - set(first))
-    # other shapes are other programs, and the check sees them
-    reshaped = run(2, extra_row=1)
-    assert set(reshaped) > set(first)
+    return cache_after(0), cache_after(1), cache_after(2, extra_row=1)
 
 
 def _over_transport(engine: str):
@@ -344,17 +350,6 @@ def test_client_programs_do_not_depend_on_the_seed_or_the_rows_values(
     agent's step, an FA-LD client's local steps) takes the run's key and the client's rows as
     arguments: a Ray actor serving a second run with another seed on other rows of the same
     shapes reads its programs from the cache. A run with other shapes compiles anew."""
-    directory = fm.cache.enable(tmp_path / "jax")
-    run = _over_transport(engine)
-    sizes = (30, 12, 45)
-
-    def cache_after(seed, extra_row=0):
-        federation = fm.Federation([_rows(10 * seed + i, n + (extra_row if i == 0 else 0))
-                                    for i, n in enumerate(sizes)])
-        assert np.isfinite(run(federation, seed).flat_samples()).all()
-        return sorted(p.name for p in directory.glob("*-cache"))
-
-    first = cache_after(0)
-    again = cache_after(1)
+    first, again, reshaped = _cache_entries_of_three_runs(tmp_path, _over_transport(engine))
     assert again == first, sorted(set(again) - set(first))
-    assert set(cache_after(2, extra_row=1)) > set(first)
+    assert set(reshaped) > set(first)
