@@ -155,7 +155,8 @@ def run_chains(
 
     # jitted so that its trace is cached: the chunk below traces it once for the shapes of
     # its outputs and calls it again in its loop with the same input types, and tracing a
-    # large model's step twice was half of a warm start (XLA inlines the call: same program)
+    # large model's step twice was half of a warm start; inlined, so that the arrays the step
+    # closes over become the chunk program's arguments (jit_with_constants_as_arguments)
     draw_all_chains = jax.jit(draw_all_chains, inline=True)
 
     def record(buffers, position, outputs):
