@@ -32,11 +32,13 @@ trusted: do not point it at a directory other users can write.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
 import pickle
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -50,6 +52,7 @@ except ImportError:  # pragma: no cover - Windows
 import jax
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache as _jax_cache
+from jax.extend import core as _jax_core
 
 __all__ = [
     "CompilationCacheWarning",
@@ -320,10 +323,18 @@ def jit_with_constants_as_arguments(function: Callable, **jit_options) -> Callab
     Used for the samplers' run programs (``engines.local``), the set-up programs that close
     over client data (initial states, fits, tuning terms) and the client endpoints' programs
     (a hand-off visit, a Fed-PDMC worker's proposal, an agent's step). A call costs about
-    what a jitted function's does plus one flattening of the arguments."""
+    what a jitted function's does plus one flattening of the arguments.
+
+    Programs are also shared between calls of this function in one process: a new closure of
+    the same structure (the next ``fm.sample`` with the same model, shapes and settings, or
+    another seed or data set of the same shapes) traces again, but when its jaxpr is the same
+    as one already compiled (:func:`_shared_program_key`), it takes that program instead of
+    lowering and compiling (or reading the persistent cache) again. Only concrete calls use
+    the shared program; a call under a JAX transformation traces its own."""
     # per argument signature: the compiled program (a jit of the traced jaxpr, whose
     # constants are its first argument) and the constants
     programs: Dict[Any, Any] = {}
+    options_key = repr(sorted(jit_options.items()))
     name = getattr(function, "__name__", "function")
     qualname = getattr(function, "__qualname__", name)
 
@@ -341,15 +352,23 @@ def jit_with_constants_as_arguments(function: Callable, **jit_options) -> Callab
 
             # the program keeps the function's name (the cache's file names, profiles, logs)
             evaluate.__name__, evaluate.__qualname__ = name, qualname
-            entry = programs[signature] = (jax.jit(evaluate, **jit_options), list(closed.consts))
-        return entry[0], entry[1], flat_arguments
+            program = own = jax.jit(evaluate, **jit_options)
+            shared_key = _shared_program_key(closed, output_tree, signature, options_key)
+            if shared_key is not None:  # an earlier trace's program, if it compiled the same
+                program = _SHARED_PROGRAMS.setdefault(shared_key, own)
+            entry = programs[signature] = (program, list(closed.consts), own)
+        return entry, flat_arguments
 
     def call(*arguments):
-        program, constants, flat_arguments = program_of(arguments)
+        (program, constants, own_program), flat_arguments = program_of(arguments)
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in flat_arguments):
+            # under a transformation (grad, vmap, an outer jit): this trace's own program, whose
+            # custom derivative rules are its own (a shared one's are the first trace's)
+            return own_program(constants, flat_arguments)
         return program(constants, flat_arguments)
 
     def lower(*arguments):
-        program, constants, flat_arguments = program_of(arguments)
+        (program, constants, _), flat_arguments = program_of(arguments)
         return program.lower(constants, flat_arguments)
 
     # as a jitted function's: ``.lower(*arguments)`` (e.g. ``.as_text()``, the program whose
@@ -364,6 +383,92 @@ def _abstract_key(leaf) -> tuple:
     if isinstance(leaf, (bool, int, float, complex)):
         return (type(leaf),)
     return (np.shape(leaf), leaf.dtype, bool(getattr(leaf, "weak_type", False)))
+
+
+class _ProgramMemo:
+    """The compiled programs :func:`jit_with_constants_as_arguments` shares within a process,
+    by :func:`_shared_program_key`; the least recently used beyond ``size`` are let go (their
+    executables with them: JAX keeps a jitted function's compilations while it lives)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._programs: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def setdefault(self, key, program):
+        """The program kept under ``key``, else ``program``, now kept under it."""
+        with self._lock:
+            kept = self._programs.setdefault(key, program)
+            self._programs.move_to_end(key)
+            while len(self._programs) > self.size:
+                self._programs.popitem(last=False)
+            return kept
+
+    def clear(self) -> None:
+        with self._lock:
+            self._programs.clear()
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+
+_SHARED_PROGRAMS = _ProgramMemo(64)
+
+# primitives whose forward evaluation is their jaxpr parameter alone: a Python function among
+# their parameters (a custom derivative rule) takes part only when they are differentiated
+_DERIVATIVE_RULE_PRIMITIVES = frozenset({"custom_jvp_call", "custom_vjp_call",
+                                         "custom_vjp_call_jaxpr"})
+
+
+def _shared_program_key(closed, output_tree, signature, options_key):
+    """A key under which two traces evaluate to the same function of (constants, arguments),
+    or None when the jaxpr's text cannot promise it.
+
+    The text is the jaxpr printed in full (every equation and parameter, variables renamed in
+    order, scalar literals to the last bit, constants and arguments by shape and dtype). The
+    printer does not show what would make two equal texts differ in value, so those jaxprs are
+    not shared: a constant nested in an inner jaxpr (a ``jax.jit`` without ``inline=True``
+    closing over an array: its value is not printed), an array literal (printed ``[...]``), an
+    equation with effects or a callback (its Python function is printed by name). Any other
+    Python function among the parameters (a PRNG implementation's) is part of the key by
+    identity, except the derivative rules of custom-derivative primitives: the shared program is
+    only evaluated, never differentiated (see ``call`` above)."""
+    functions = []
+
+    def shareable(jaxpr) -> bool:
+        if jaxpr.effects:
+            return False
+        for equation in jaxpr.eqns:
+            if equation.effects or "callback" in equation.primitive.name:
+                return False
+            for variable in equation.invars:
+                if isinstance(variable, _jax_core.Literal) and np.shape(variable.val):
+                    return False
+            rules_allowed = equation.primitive.name in _DERIVATIVE_RULE_PRIMITIVES
+            for value in jax.tree_util.tree_leaves(
+                    equation.params,
+                    is_leaf=lambda leaf: isinstance(leaf, (_jax_core.Jaxpr,
+                                                           _jax_core.ClosedJaxpr))):
+                if isinstance(value, _jax_core.ClosedJaxpr):
+                    if value.consts or not shareable(value.jaxpr):
+                        return False
+                elif isinstance(value, _jax_core.Jaxpr):
+                    if not shareable(value):
+                        return False
+                elif callable(value) and not rules_allowed:
+                    functions.append(value)
+        return True
+
+    if not shareable(closed.jaxpr):
+        return None
+    text = closed.jaxpr.pretty_print(custom_pp_eqn_rules=False, source_info=False,
+                                     name_stack=False, use_color=False)
+    key = (text, tuple(functions), output_tree, signature, options_key)
+    try:
+        hash(key)
+    except TypeError:  # a parameter that cannot be a key
+        return None
+    return key
 
 
 # ``import fedmcmc`` imports this module before anything compiles

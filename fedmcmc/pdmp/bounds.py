@@ -39,6 +39,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from ..cache import jit_with_constants_as_arguments
+
 __all__ = ["spectral_norm", "whitened_bound", "worker_hessian_bounds", "prior_hessian_bounds"]
 
 
@@ -74,9 +76,15 @@ def worker_hessian_bounds(flat_model, padded, bound_fn, d):
     """Per-worker ``(q (M, d, d), l (M,))`` from a per-example bound ``example -> scalar | (d, d)``."""
     example = jax.tree_util.tree_map(lambda leaf: leaf[0, 0], padded.data)
     shape = jax.eval_shape(bound_fn, example).shape
-    per_example = jax.vmap(jax.vmap(bound_fn))(padded.data)  # (M, n, ...) 
-    mask = padded.mask.reshape(padded.mask.shape + (1,) * len(shape))
-    summed = np.asarray(jnp.sum(per_example * mask, axis=1), dtype=np.float64)
+
+    def summed_over_rows(data, mask):  # (M, ...): each worker's bound summed over its rows
+        per_example = jax.vmap(jax.vmap(bound_fn))(data)  # (M, n, ...)
+        return jnp.sum(per_example * mask.reshape(mask.shape + (1,) * len(shape)), axis=1)
+
+    # one compiled program (not op by op), shared by runs of the same shapes
+    summed = np.asarray(jit_with_constants_as_arguments(summed_over_rows)(padded.data,
+                                                                          padded.mask),
+                        dtype=np.float64)
     if len(shape) == 0:
         return np.broadcast_to(summed[:, None, None], (summed.shape[0], d, d)).copy(), summed
     if tuple(shape) != (d, d):
@@ -92,7 +100,10 @@ def auto_worker_bounds(flat_model, padded, theta0, safety):
     def hess(data_m, mask_m):
         return jax.hessian(lambda th: -flat_model.log_likelihood_sum(th, data_m, mask_m))(theta0)
 
-    h = np.abs(np.asarray(jax.jit(jax.vmap(hess))(padded.data, padded.mask), dtype=np.float64))
+    # a program shared by runs of the same shapes (theta0 is an argument, not a constant)
+    h = np.abs(np.asarray(jit_with_constants_as_arguments(jax.vmap(hess))(padded.data,
+                                                                           padded.mask),
+                          dtype=np.float64))
     return _floor(h, safety)
 
 
@@ -112,7 +123,8 @@ def prior_hessian_bounds(flat_model, model, theta0, safety, auto):
     if given is not None and not auto:
         q, l = as_bound_pair(given, d)
         return q, l
-    h = np.abs(np.asarray(jax.jit(jax.hessian(lambda th: -flat_model.log_prior(th)))(theta0),
+    prior_hessian = jax.hessian(lambda th: -flat_model.log_prior(th))
+    h = np.abs(np.asarray(jit_with_constants_as_arguments(prior_hessian)(theta0),
                           dtype=np.float64))
     if model.attributes.get("quadratic_potential"):
         return h, spectral_norm(h)

@@ -353,3 +353,111 @@ def test_client_programs_do_not_depend_on_the_seed_or_the_rows_values(
     first, again, reshaped = _cache_entries_of_three_runs(tmp_path, _over_transport(engine))
     assert again == first, sorted(set(again) - set(first))
     assert set(reshaped) > set(first)
+
+
+# ------------------------------------------------------------------ programs shared in a process
+
+
+class _Lowerings:
+    """Counts the programs JAX lowers (each lowering precedes a compile or a persistent-cache
+    read) while the context is open."""
+
+    def __enter__(self):
+        self.count = 0
+        self._open = True
+
+        def listener(event, duration, **kwargs):
+            if self._open and event.endswith("jaxpr_to_mlir_module_duration"):
+                self.count += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        return self
+
+    def __exit__(self, *exc):
+        self._open = False  # JAX keeps its listeners: this one stops counting
+
+
+def _sum_closure(values, scale=2.0):
+    values = jnp.asarray(values)
+    return lambda x: scale * jnp.sum(values) + x
+
+
+def test_closures_of_the_same_structure_share_one_program_and_keep_their_own_values():
+    shared = fm.cache._SHARED_PROGRAMS
+    shared.clear()
+    first = fm.cache.jit_with_constants_as_arguments(_sum_closure(np.arange(3.0)))
+    second = fm.cache.jit_with_constants_as_arguments(_sum_closure(np.ones(3)))
+    assert float(first(jnp.float32(1.0))) == 7.0  # 2 * (0 + 1 + 2) + 1
+    with _Lowerings() as lowered:
+        assert float(second(jnp.float32(1.0))) == 7.0  # 2 * (1 + 1 + 1) + 1, its own values
+    assert lowered.count == 0 and len(shared) == 1
+    # another literal (scale) is another program
+    third = fm.cache.jit_with_constants_as_arguments(_sum_closure(np.ones(3), scale=3.0))
+    with _Lowerings() as lowered:
+        assert float(third(jnp.float32(1.0))) == 10.0
+    assert lowered.count == 1 and len(shared) == 2
+    # under a transformation each trace keeps its own program (and its own derivative rules)
+    assert float(jax.grad(lambda x: second(x) ** 2)(jnp.float32(1.0))) == 14.0
+    assert np.allclose(jax.vmap(second)(jnp.arange(2.0)), [6.0, 7.0])
+
+
+def _nested_closure(values):
+    inner = jax.jit(lambda x: x + jnp.sum(jnp.asarray(values)))  # not inline: its own constant
+    return lambda x: inner(x) * 1.0
+
+
+def test_what_the_jaxpr_text_does_not_show_is_not_shared():
+    """Values a jaxpr's text does not print would make two equal texts compute different
+    things: an inner jit's own constants and a callback's Python function. Such programs are
+    compiled per trace (if they were shared, the second closure would return the first's
+    value)."""
+    shared = fm.cache._SHARED_PROGRAMS
+    shared.clear()
+    one = fm.cache.jit_with_constants_as_arguments(_nested_closure(np.zeros(4)))
+    two = fm.cache.jit_with_constants_as_arguments(_nested_closure(np.ones(4)))
+    assert float(one(jnp.float32(1.0))) == 1.0 and float(two(jnp.float32(1.0))) == 5.0
+
+    def with_callback(offset):
+        def function(x):
+            shape = jax.ShapeDtypeStruct((), jnp.float32)
+            return jax.pure_callback(lambda v: np.float32(v + offset), shape, x)
+        return function
+
+    add_one = fm.cache.jit_with_constants_as_arguments(with_callback(1.0))
+    add_two = fm.cache.jit_with_constants_as_arguments(with_callback(2.0))
+    assert float(add_one(jnp.float32(0.0))) == 1.0 and float(add_two(jnp.float32(0.0))) == 2.0
+    assert len(shared) == 0
+
+
+SAME_PROCESS_CASES = [
+    pytest.param(lambda: fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=20), id="FSGLD"),
+    pytest.param(lambda: fm.FedZigZag(sample_interval=0.5), id="FedZigZag"),
+    pytest.param(lambda: fm.DULA(step_size=1e-3, beta=0.3), id="DULA", marks=pytest.mark.slow),
+    pytest.param(lambda: fm.FedBoomerang(sample_interval=0.5), id="FedBoomerang",
+                 marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.filterwarnings("ignore::fedmcmc.surrogates.SurrogateMixingWarning")
+@pytest.mark.parametrize("make", SAME_PROCESS_CASES)
+def test_a_second_run_in_the_process_lowers_no_program_and_draws_as_a_first(make):
+    """The next ``fm.sample`` in a process (another seed, other rows of the same shapes) traces
+    again but lowers nothing: its set-up and run programs are the ones the first run compiled.
+    Its draws are those of the same run in a process that had not compiled them."""
+    sizes = (30, 12, 45)
+
+    def run(seed):
+        federation = fm.Federation([_rows(10 * seed + i, n) for i, n in enumerate(sizes)])
+        return fm.sample(MODEL, federation, make(), INIT, num_samples=20, burn_in=5, chains=2,
+                         seed=seed, progress=False).flat_samples()
+
+    fm.cache._SHARED_PROGRAMS.clear()
+    run(0)
+    with _Lowerings() as lowered:
+        again = run(1)
+    assert lowered.count == 0
+    fm.cache._SHARED_PROGRAMS.clear()
+    with _Lowerings() as lowered:
+        fresh = run(1)
+    assert lowered.count > 0  # the same count sees a run that compiles
+    np.testing.assert_array_equal(again, fresh)
