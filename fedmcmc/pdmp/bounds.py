@@ -74,7 +74,9 @@ def as_bound_pair(bound, d):
 
 def worker_hessian_bounds(flat_model, padded, bound_fn, d):
     """Per-worker ``(q (M, d, d), l (M,))`` from a per-example bound ``example -> scalar | (d, d)``."""
-    example = jax.tree_util.tree_map(lambda leaf: leaf[0, 0], padded.data)
+    # one example's shapes (no eager indexing: each would compile a program of its own)
+    example = jax.tree_util.tree_map(
+        lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[2:], leaf.dtype), padded.data)
     shape = jax.eval_shape(bound_fn, example).shape
 
     def summed_over_rows(data, mask):  # (M, ...): each worker's bound summed over its rows

@@ -98,7 +98,7 @@ def newton(value_grad_hess, value, theta0, max_rounds=200, tol=1e-12):
         accepted = False
         for _ in range(30):
             step = np.linalg.solve(hs + damping * scale * np.eye(d), gs)
-            x_new = x - jnp.asarray(step)
+            x_new = jnp.asarray(np.asarray(x) - step)  # on the host: no eager program
             u_new = value(x_new)
             if np.isfinite(float(u_new)) and float(u_new) <= float(u) + 1e-12 * abs(float(u)):
                 accepted = True
