@@ -290,7 +290,6 @@ def _nuts(model, init, data, num_samples, num_warmup, chains, seed, progress) ->
     log_post = _log_posterior_fn(model, unravel, data)
     keys = jax.random.split(jax.random.key(seed), chains)
 
-    @jax.jit
     def one_chain(key):
         # Each chain adapts its own step size and diagonal mass matrix; chains are vmapped.
         key_init, key_warm, key_sample = jax.random.split(key, 3)
@@ -311,7 +310,9 @@ def _nuts(model, init, data, num_samples, num_warmup, chains, seed, progress) ->
 
     if progress:
         print(f"reference: NUTS on the pooled data ({chains} chains)...", flush=True)
-    (positions, divergent, accept), step_size = jax.vmap(one_chain)(keys)
+    # the vmap inside the jit: one program (a jitted chain vmapped outside compiled a transpose
+    # of its draws as a second one)
+    (positions, divergent, accept), step_size = jax.jit(jax.vmap(one_chain))(keys)
     all_draws = np.asarray(positions, dtype=np.float64)
     step_sizes = np.asarray(step_size).tolist()
     divergences = int(np.sum(np.asarray(divergent)))
