@@ -352,10 +352,11 @@ def jit_with_constants_as_arguments(function: Callable, **jit_options) -> Callab
 
             # the program keeps the function's name (the cache's file names, profiles, logs)
             evaluate.__name__, evaluate.__qualname__ = name, qualname
-            program = own = jax.jit(evaluate, **jit_options)
-            shared_key = _shared_program_key(closed, output_tree, signature, options_key)
-            if shared_key is not None:  # an earlier trace's program, if it compiled the same
-                program = _SHARED_PROGRAMS.setdefault(shared_key, own)
+            own = jax.jit(evaluate, **jit_options)
+            outline = (qualname, signature, tuple(_abstract_key(c) for c in closed.consts),
+                       len(jaxpr.eqns), output_tree, options_key)
+            # an earlier trace's program if it compiled the same jaxpr, else this one
+            program = _SHARED_PROGRAMS.find_or_add(outline, jaxpr, own)
             entry = programs[signature] = (program, list(closed.consts), own)
         return entry, flat_arguments
 
@@ -386,30 +387,56 @@ def _abstract_key(leaf) -> tuple:
 
 
 class _ProgramMemo:
-    """The compiled programs :func:`jit_with_constants_as_arguments` shares within a process,
-    by :func:`_shared_program_key`; the least recently used beyond ``size`` are let go (their
-    executables with them: JAX keeps a jitted function's compilations while it lives)."""
+    """The compiled programs :func:`jit_with_constants_as_arguments` shares within a process.
 
-    def __init__(self, size: int):
-        self.size = size
-        self._programs: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
+    Looked up in two steps. An outline (the function's name, the shapes of its arguments and
+    constants, its output tree, its number of equations, the jit options) finds the programs
+    that may be the same; only then are the jaxprs' texts compared (:func:`_shared_program_key`,
+    printed once per program, up to 0.1 s for a sampler's run program), so a trace unlike any
+    before costs no printing. The programs of the least recently used outlines beyond ``size``
+    are let go (their executables with them: JAX keeps a jitted function's compilations while
+    it lives)."""
+
+    def __init__(self, size: int, per_outline: int = 8):
+        self.size, self.per_outline = size, per_outline
+        # outline -> [[jaxpr or None, its text key (None: not printed yet, False: not
+        # shareable), program], ...]
+        self._outlines: "collections.OrderedDict[Any, list]" = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def setdefault(self, key, program):
-        """The program kept under ``key``, else ``program``, now kept under it."""
+    def find_or_add(self, outline, jaxpr, program):
+        """The program of an earlier jaxpr of this outline whose text equals ``jaxpr``'s,
+        else ``program`` (then kept for later ones)."""
+        _, signature, _, _, output_tree, options_key = outline
         with self._lock:
-            kept = self._programs.setdefault(key, program)
-            self._programs.move_to_end(key)
-            while len(self._programs) > self.size:
-                self._programs.popitem(last=False)
-            return kept
+            candidates = self._outlines.get(outline)
+            if candidates is None:
+                self._outlines[outline] = [[jaxpr, None, program]]
+                while len(self._outlines) > self.size:
+                    self._outlines.popitem(last=False)
+                return program
+            self._outlines.move_to_end(outline)
+            key = _shared_program_key(jaxpr, output_tree, signature, options_key)
+            if key is None:
+                return program
+            for candidate in candidates:
+                if candidate[1] is None:  # printed now that a second trace has its outline
+                    candidate[1] = _shared_program_key(candidate[0], output_tree, signature,
+                                                       options_key) or False
+                    candidate[0] = None
+                if candidate[1] == key:
+                    return candidate[2]
+            candidates.append([None, key, program])
+            del candidates[:-self.per_outline]
+            return program
 
     def clear(self) -> None:
         with self._lock:
-            self._programs.clear()
+            self._outlines.clear()
 
     def __len__(self) -> int:
-        return len(self._programs)
+        """How many programs are kept."""
+        return sum(len(candidates) for candidates in self._outlines.values())
 
 
 _SHARED_PROGRAMS = _ProgramMemo(64)
@@ -420,7 +447,7 @@ _DERIVATIVE_RULE_PRIMITIVES = frozenset({"custom_jvp_call", "custom_vjp_call",
                                          "custom_vjp_call_jaxpr"})
 
 
-def _shared_program_key(closed, output_tree, signature, options_key):
+def _shared_program_key(jaxpr, output_tree, signature, options_key):
     """A key under which two traces evaluate to the same function of (constants, arguments),
     or None when the jaxpr's text cannot promise it.
 
@@ -459,10 +486,10 @@ def _shared_program_key(closed, output_tree, signature, options_key):
                     functions.append(value)
         return True
 
-    if not shareable(closed.jaxpr):
+    if not shareable(jaxpr):
         return None
-    text = closed.jaxpr.pretty_print(custom_pp_eqn_rules=False, source_info=False,
-                                     name_stack=False, use_color=False)
+    text = jaxpr.pretty_print(custom_pp_eqn_rules=False, source_info=False, name_stack=False,
+                              use_color=False)
     key = (text, tuple(functions), output_tree, signature, options_key)
     try:
         hash(key)
