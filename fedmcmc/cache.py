@@ -352,24 +352,23 @@ def jit_with_constants_as_arguments(function: Callable, **jit_options) -> Callab
 
             # the program keeps the function's name (the cache's file names, profiles, logs)
             evaluate.__name__, evaluate.__qualname__ = name, qualname
-            own = jax.jit(evaluate, **jit_options)
-            outline = (qualname, signature, tuple(_abstract_key(c) for c in closed.consts),
-                       len(jaxpr.eqns), output_tree, options_key)
-            # an earlier trace's program if it compiled the same jaxpr, else this one
-            program = _SHARED_PROGRAMS.find_or_add(outline, jaxpr, own)
-            entry = programs[signature] = (program, list(closed.consts), own)
-        return entry, flat_arguments
+            program = jax.jit(evaluate, **jit_options)
+            if not any(isinstance(leaf, jax.core.Tracer) for leaf in flat_arguments):
+                # an earlier trace's program if it compiled the same jaxpr, else this one. (Under
+                # a transformation, grad, vmap or an outer jit, the trace keeps its own program:
+                # a shared one's custom derivative rules would be the first trace's.)
+                outline = (qualname, signature, tuple(_abstract_key(c) for c in closed.consts),
+                           len(jaxpr.eqns), output_tree, options_key)
+                program = _SHARED_PROGRAMS.find_or_add(outline, jaxpr, program)
+            entry = programs[signature] = (program, list(closed.consts))
+        return entry[0], entry[1], flat_arguments
 
     def call(*arguments):
-        (program, constants, own_program), flat_arguments = program_of(arguments)
-        if any(isinstance(leaf, jax.core.Tracer) for leaf in flat_arguments):
-            # under a transformation (grad, vmap, an outer jit): this trace's own program, whose
-            # custom derivative rules are its own (a shared one's are the first trace's)
-            return own_program(constants, flat_arguments)
+        program, constants, flat_arguments = program_of(arguments)
         return program(constants, flat_arguments)
 
     def lower(*arguments):
-        (program, constants, _), flat_arguments = program_of(arguments)
+        program, constants, flat_arguments = program_of(arguments)
         return program.lower(constants, flat_arguments)
 
     # as a jitted function's: ``.lower(*arguments)`` (e.g. ``.as_text()``, the program whose
@@ -380,10 +379,12 @@ def jit_with_constants_as_arguments(function: Callable, **jit_options) -> Callab
 
 def _abstract_key(leaf) -> tuple:
     """What of an argument decides the traced program: its shape, dtype and weak type (a Python
-    number is weakly typed). Cheaper than ``jax.typeof`` on the per-call path."""
+    number is weakly typed), and whether it is a tracer (a call under a transformation keeps its
+    own program, not a shared one). Cheaper than ``jax.typeof`` on the per-call path."""
     if isinstance(leaf, (bool, int, float, complex)):
         return (type(leaf),)
-    return (np.shape(leaf), leaf.dtype, bool(getattr(leaf, "weak_type", False)))
+    return (np.shape(leaf), leaf.dtype, bool(getattr(leaf, "weak_type", False)),
+            isinstance(leaf, jax.core.Tracer))
 
 
 class _ProgramMemo:
@@ -407,7 +408,6 @@ class _ProgramMemo:
     def find_or_add(self, outline, jaxpr, program):
         """The program of an earlier jaxpr of this outline whose text equals ``jaxpr``'s,
         else ``program`` (then kept for later ones)."""
-        _, signature, _, _, output_tree, options_key = outline
         with self._lock:
             candidates = self._outlines.get(outline)
             if candidates is None:
@@ -416,13 +416,12 @@ class _ProgramMemo:
                     self._outlines.popitem(last=False)
                 return program
             self._outlines.move_to_end(outline)
-            key = _shared_program_key(jaxpr, output_tree, signature, options_key)
+            key = _shared_program_key(jaxpr, outline)
             if key is None:
                 return program
             for candidate in candidates:
                 if candidate[1] is None:  # printed now that a second trace has its outline
-                    candidate[1] = _shared_program_key(candidate[0], output_tree, signature,
-                                                       options_key) or False
+                    candidate[1] = _shared_program_key(candidate[0], outline) or False
                     candidate[0] = None
                 if candidate[1] == key:
                     return candidate[2]
@@ -447,7 +446,7 @@ _DERIVATIVE_RULE_PRIMITIVES = frozenset({"custom_jvp_call", "custom_vjp_call",
                                          "custom_vjp_call_jaxpr"})
 
 
-def _shared_program_key(jaxpr, output_tree, signature, options_key):
+def _shared_program_key(jaxpr, outline):
     """A key under which two traces evaluate to the same function of (constants, arguments),
     or None when the jaxpr's text cannot promise it.
 
@@ -459,7 +458,8 @@ def _shared_program_key(jaxpr, output_tree, signature, options_key):
     equation with effects or a callback (its Python function is printed by name). Any other
     Python function among the parameters (a PRNG implementation's) is part of the key by
     identity, except the derivative rules of custom-derivative primitives: the shared program is
-    only evaluated, never differentiated (see ``call`` above)."""
+    only evaluated, never differentiated (a call under a transformation keeps its own program:
+    its tracers are part of the signature, :func:`_abstract_key`)."""
     functions = []
 
     def shareable(jaxpr) -> bool:
@@ -490,7 +490,7 @@ def _shared_program_key(jaxpr, output_tree, signature, options_key):
         return None
     text = jaxpr.pretty_print(custom_pp_eqn_rules=False, source_info=False, name_stack=False,
                               use_color=False)
-    key = (text, tuple(functions), output_tree, signature, options_key)
+    key = (text, tuple(functions), outline)
     try:
         hash(key)
     except TypeError:  # a parameter that cannot be a key
