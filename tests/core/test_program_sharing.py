@@ -283,17 +283,21 @@ def test_another_seed_and_other_data_of_the_same_shapes_compile_nothing_new(
     assert set(reshaped) > set(first)
 
 
+def _federation(seed, extra_row=0):
+    """Three clients of 30, 12 and 45 rows (the first with ``extra_row`` more), drawn from
+    ``seed``: another seed, other rows of the same shapes."""
+    return fm.Federation([_rows(10 * seed + i, n + (extra_row if i == 0 else 0))
+                          for i, n in enumerate((30, 12, 45))])
+
+
 def _cache_entries_of_three_runs(tmp_path, run):
     """The entries of a private persistent cache after ``run(federation, seed)`` with seed 0
     on three clients of 30, 12 and 45 rows, after a second run with seed 1 on other rows of
     the same shapes, and after a third with one more row; every run's draws are finite."""
     directory = fm.cache.enable(tmp_path / "jax")
-    sizes = (30, 12, 45)
 
     def cache_after(seed, extra_row=0):
-        federation = fm.Federation([_rows(10 * seed + i, n + (extra_row if i == 0 else 0))
-                                    for i, n in enumerate(sizes)])
-        assert np.isfinite(run(federation, seed).flat_samples()).all()
+        assert np.isfinite(run(_federation(seed, extra_row), seed).flat_samples()).all()
         return sorted(p.name for p in directory.glob("*-cache"))
 
     return cache_after(0), cache_after(1), cache_after(2, extra_row=1)
@@ -448,12 +452,9 @@ def test_a_second_run_in_the_process_lowers_no_program_and_draws_as_a_first(make
     """The next ``fm.sample`` in a process (another seed, other rows of the same shapes) traces
     again but lowers nothing: its set-up and run programs are the ones the first run compiled.
     Its draws are those of the same run in a process that had not compiled them."""
-    sizes = (30, 12, 45)
-
     def run(seed):
-        federation = fm.Federation([_rows(10 * seed + i, n) for i, n in enumerate(sizes)])
-        return fm.sample(MODEL, federation, make(), INIT, num_samples=20, burn_in=5, chains=2,
-                         seed=seed, progress=False).flat_samples()
+        return fm.sample(MODEL, _federation(seed), make(), INIT, num_samples=20, burn_in=5,
+                         chains=2, seed=seed, progress=False).flat_samples()
 
     fm.cache._SHARED_PROGRAMS.clear()
     run(0)
