@@ -605,9 +605,12 @@ class ConsensusMC(_Baseline):
         if self.weighting == "diagonal" and chains * num_samples < 2:
             raise ValueError("num_samples: weighting='diagonal' needs at least 2 draws per client")
 
+    #: the run options it cannot honour: it combines the clients' draws after sampling
+    REFUSED_RUN_OPTIONS = ("start_draw", "resume_state", "on_draws", "on_chunk")
+
     def check_engine_run_options(self, options) -> None:
         """No resume and no draws chunk by chunk, on either engine (``ValueError``)."""
-        for option in ("start_draw", "resume_state", "on_draws", "on_chunk"):
+        for option in self.REFUSED_RUN_OPTIONS:
             if options.get(option):
                 raise ValueError(f"{option}: ConsensusMC cannot resume or report draws chunk by "
                                  "chunk (it combines the clients' draws after sampling)")
@@ -617,7 +620,7 @@ class ConsensusMC(_Baseline):
         """The run on the in-process engine (every chain of every client's NUTS vmapped)."""
         run_options = split_run_options(options, self.name)
         self.check_engine_run_options(run_options)
-        for option in ("start_draw", "resume_state", "on_draws", "on_chunk"):
+        for option in self.REFUSED_RUN_OPTIONS:  # only unset ones are left after the check
             run_options.pop(option, None)
         flat_model = model.flatten(init)
         dim = flat_model.dim
