@@ -37,7 +37,7 @@ from ..engines.options import protocol_run_options
 from ..engines.comm import (ClientFailure, call_all, describe_federation,
                             gather_before_sampling, with_fault_injection)
 from . import federated
-from .setup import newton, worker_summaries
+from .setup import newton, potential_programs, worker_summaries
 
 __all__ = ["WorkerFunctions", "RemoteWorkers", "DistributedRun", "sample_pdmp"]
 
@@ -70,9 +70,7 @@ class _WorkerState:
             def potential(theta):
                 return -flat_model.log_likelihood_sum(theta, rows, mask)
 
-            self.terms = jax.jit(lambda th: (potential(th), jax.grad(potential)(th),
-                                             jax.hessian(potential)(th)))
-            self.value = jax.jit(potential)
+            self.terms, self.value = potential_programs(potential)
         self.summaries = None
         self.propose = None
         self.gradient = None
@@ -181,9 +179,8 @@ class RemoteWorkers:
         self.flat_model = flat_model
         self.newton_rounds = 0
         self._newton_cache: Dict[bytes, tuple] = {}
-        prior = lambda th: -flat_model.log_prior(th)  # noqa: E731
-        self._prior_terms = jax.jit(lambda th: (prior(th), jax.grad(prior)(th), jax.hessian(prior)(th)))
-        self._prior_value = jax.jit(prior)
+        self._prior_terms, self._prior_value = potential_programs(
+            lambda th: -flat_model.log_prior(th))
 
     def newton(self, theta0):
         """Federated Newton (``setup.newton``): each round every worker sends the gradient

@@ -13,7 +13,8 @@ import numpy as np
 from ..cache import jit_with_constants_as_arguments
 from .bounds import auto_worker_bounds, whitened_bound, worker_hessian_bounds
 
-__all__ = ["federated_newton", "newton", "worker_gradients", "worker_summaries", "LocalWorkers"]
+__all__ = ["federated_newton", "newton", "potential_programs", "worker_gradients", "worker_summaries",
+           "LocalWorkers"]
 
 
 def worker_gradients(flat_model, padded, theta):
@@ -132,8 +133,15 @@ def federated_newton(flat_model, padded, theta0, max_rounds=200, tol=1e-12):
 
         return jnp.sum(jax.vmap(one)(padded.data, padded.mask)) - flat_model.log_prior(th)
 
-    # the rows are arguments of the programs (another data set of these shapes: same programs)
+    return newton(*potential_programs(potential), theta0, max_rounds, tol)
+
+
+def potential_programs(potential):
+    """``(value_grad_hess, value)``, the compiled programs :func:`newton` calls, of a potential
+    ``theta -> U`` (the pooled one in process, a worker's own or the prior's on the distributed
+    engines). What ``potential`` closes over (the rows) is an argument of the programs
+    (``fm.cache.jit_with_constants_as_arguments``): another data set of these shapes, or
+    another run in the process, the same programs."""
     value_grad_hess = jit_with_constants_as_arguments(
         lambda th: (potential(th), jax.grad(potential)(th), jax.hessian(potential)(th)))
-    return newton(value_grad_hess, jit_with_constants_as_arguments(potential), theta0,
-                  max_rounds, tol)
+    return value_grad_hess, jit_with_constants_as_arguments(potential)
