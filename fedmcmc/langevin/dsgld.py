@@ -124,15 +124,17 @@ def build_federated_kernel(
     """
     if dim is None:
         raise ValueError("dim (the flat parameter's length) is required")
-    cumulative_weights = jnp.cumsum(client_weights)
+    # the cumulative f_s are computed inside the compiled step (no eager program of their own
+    # at set-up); their dtype, which the scheduler's uniforms take, is known without running it
+    weights_dtype = jax.eval_shape(jnp.cumsum, client_weights).dtype
     # batch_size is an upper bound (fedmcmc.minibatch): the whole-client branch is compiled
     # in only when some client has fewer rows than the batch
     may_be_smaller = some_client_smaller(data.sizes, batch_size)
 
     def prepare(noises: StepNoise, state: FederatedChainState):
         clients, client, visits = assign_clients(
-            noises.client, state.iteration, state.client, state.visits, cumulative_weights,
-            local_steps)
+            noises.client, state.iteration, state.client, state.visits,
+            jnp.cumsum(client_weights), local_steps)
         inputs = VisitInputs(client=clients, batch=noises.batch, normal=noises.normal)
         return inputs, state._replace(client=client, visits=visits)
 
@@ -147,7 +149,7 @@ def build_federated_kernel(
         return state._replace(position=position, iteration=state.iteration + 1)
 
     def noise_of(key: jax.Array) -> StepNoise:
-        return step_noise(key, batch_size, dim, dtype, cumulative_weights.dtype)
+        return step_noise(key, batch_size, dim, dtype, weights_dtype)
 
     return LangevinStep(noise=noise_of, apply=apply, prepare=prepare)
 

@@ -10,8 +10,10 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import rng
+from ..arrays import device_array
 from ..federation import ConcatenatedData
 from ..minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
@@ -26,7 +28,8 @@ class SGLDState(NamedTuple):
 
 
 def init(position: jax.Array) -> SGLDState:
-    return SGLDState(position=position, iteration=jnp.zeros((), jnp.int32))
+    # the counter is put on the device from the host: no eager program of its own
+    return SGLDState(position=position, iteration=device_array(np.zeros((), np.int32)))
 
 
 class StepNoise(NamedTuple):
@@ -115,7 +118,8 @@ def build_kernel(
     the minibatch drawn uniformly (with replacement) from all N examples;
     ``batch_size >= N`` uses every example once (the exact gradient; :mod:`fedmcmc.minibatch`).
     """
-    total = jnp.sum(data.sizes)
+    # N, on the host (the sizes are concrete when the kernel is built), as the int32 it was
+    total = np.asarray(data.sizes).sum(dtype=np.int32)
     dim = flat_model.dim
 
     def noise_of(key: jax.Array) -> StepNoise:
@@ -124,7 +128,7 @@ def build_kernel(
 
     # batch_size is an upper bound (fedmcmc.minibatch): a batch at least as large as the
     # data is the full-data gradient (every row once)
-    may_be_smaller = some_client_smaller(data.sizes.sum()[None], batch_size)
+    may_be_smaller = some_client_smaller([total], batch_size)
 
     def apply(random: StepNoise, state: SGLDState) -> SGLDState:
         minibatch = take_minibatch(random.batch, data.data, 0, total, may_be_smaller)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from . import federated
 from .bounds import as_bound_pair, whitened_bound
 from .dynamics import Reference
@@ -28,9 +29,13 @@ class SingleKernel(NamedTuple):
 
 
 def make_reference(mean, cov) -> Reference:
-    mean = jnp.asarray(mean, jnp.float64)
-    cov = jnp.asarray(cov, jnp.float64)
-    return Reference(mean=mean, cov=cov, chol=jnp.linalg.cholesky(cov), precision=jnp.linalg.inv(cov))
+    """The Boomerang's Gaussian reference N(mean, cov) with its Cholesky factor and precision,
+    factorised on the host in float64 (set-up runs no eager device program)."""
+    mean = np.asarray(mean, np.float64)
+    cov = np.asarray(cov, np.float64)
+    return Reference(mean=device_array(mean), cov=device_array(cov),
+                     chol=device_array(np.linalg.cholesky(cov)),
+                     precision=device_array(np.linalg.inv(cov)))
 
 
 def build_single_kernel(spec, logdensity_fn, *, hessian_bound=None, exact=False, refresh_rate=0.0,
