@@ -35,6 +35,8 @@ from ..algorithm import (
     check_positive_float,
     check_positive_int,
 )
+from ..arrays import device_array
+from ..cache import jit_with_constants_as_arguments
 from ..checkpoint import resume_from, split_run_options
 from ..engines.comm import ClientFailureError
 from ..engines.local import run_chains
@@ -51,7 +53,7 @@ def _layout(model, federation, init):
     """What every baseline's run starts from: the flat model, the clients' rows concatenated,
     f_s in the model's dtype and the flat initial position."""
     flat_model = model.flatten(init)
-    weights = jnp.asarray(federation.weights, flat_model.dtype)
+    weights = device_array(federation.weights, flat_model.dtype)  # converted on the host
     return flat_model, federation.concatenated(), weights, flat_model.ravel(init)
 
 
@@ -112,6 +114,14 @@ def _check_batch_size(value: Any) -> int:
 def _stack(state, chains: int):
     return jax.tree_util.tree_map(lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape),
                                   state)
+
+
+def _compiled_set_up(make, *arguments):
+    """``make(*arguments)`` (a baseline's initial states of every chain, its warm-up keys) as
+    one compiled program, shared by later runs of the same shapes (``fedmcmc.cache``), rather
+    than an eager program per set-up operation (conversions, broadcasts, new axes, key splits)
+    in every new process."""
+    return jit_with_constants_as_arguments(make)(*arguments)
 
 
 class _ReferenceSearch(NamedTuple):
@@ -273,10 +283,13 @@ class FALD(_Baseline):
             state = fald.count_draw(state, local_steps)
             return state, fald.draw(state), {"round": state.rounds}
 
-        states = _stack(fald.init(theta0, weights), chains)
+        def initial_states(theta, client_weights):
+            return _stack(fald.init(theta, client_weights), chains)
+
+        states = _compiled_set_up(initial_states, theta0, weights)
         states, start_draw = resume_from(run_options, states)
         run = run_chains(
-            draw_step, states, jax.random.key(seed), burn_in=burn_in, num_samples=num_samples,
+            draw_step, states, rng.seed_key(seed), burn_in=burn_in, num_samples=num_samples,
             position=fald.draw,
             divergence_threshold=self.divergence_threshold, progress=progress, label=self.name,
             iterations_per_draw=thin, start_draw=start_draw, **run_options,
@@ -434,16 +447,20 @@ class QLSD(_Baseline):
         dim, num_clients = flat_model.dim, federation.num_clients
         levels, every, rate = self.quantisation_settings(federation, dim)
         step = self._kernel(flat_model, data, weights, levels, every, rate)
-        if self.variance_reduction:
-            one_chain = qlsd.init_plus_plus(theta0, num_clients)
-        else:
-            one_chain = qlsd.init(theta0)
+        variance_reduction = self.variance_reduction
+
+        def initial_states(theta):
+            if variance_reduction:
+                one_chain = qlsd.init_plus_plus(theta, num_clients)
+            else:
+                one_chain = qlsd.init(theta)
+            stacked = _stack(one_chain, chains)._replace(iteration=one_chain.iteration)
+            return jax.tree_util.tree_map(lambda leaf: leaf[None], stacked)
+
         # all chains in one state with ONE iteration counter (not vmapped), so that QLSD++'s
         # refresh is a branch, not a select that computes the full gradients every iteration
-        axes = jax.tree_util.tree_map(lambda _: 0, one_chain)._replace(iteration=None)
-        stacked = jax.tree_util.tree_map(
-            lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape), one_chain
-        )._replace(iteration=one_chain.iteration)
+        states = _compiled_set_up(initial_states, theta0)
+        axes = jax.tree_util.tree_map(lambda _: 0, states)._replace(iteration=None)
         all_chains = jax.vmap(step, in_axes=(0, axes), out_axes=axes)
 
         def draw_step(key, state):
@@ -453,12 +470,11 @@ class QLSD(_Baseline):
             state, _ = jax.lax.scan(one, state, rng.split_key(key, thin))
             return state, state.position.reshape(-1), {}
 
-        states = jax.tree_util.tree_map(lambda leaf: leaf[None], stacked)
         states, start_draw = resume_from(run_options, states)
         if run_options.get("on_draws") is not None:
             run_options["on_draws"] = qlsd.draws_per_chain(run_options["on_draws"], chains, dim)
         run = run_chains(
-            draw_step, states, jax.random.key(seed), burn_in=burn_in, num_samples=num_samples,
+            draw_step, states, rng.seed_key(seed), burn_in=burn_in, num_samples=num_samples,
             position=lambda s: s.position.reshape(-1),
             divergence_threshold=self.divergence_threshold, progress=progress, label=self.name,
             iterations_per_draw=thin * chains, start_draw=start_draw, **run_options,
@@ -629,14 +645,23 @@ class ConsensusMC(_Baseline):
         padded = federation.padded()
         theta0 = flat_model.ravel(init)
         warmup = self.warmup_steps(burn_in, thin)
-        key = jax.random.key(seed)
-        warm_keys = jax.random.split(jax.random.fold_in(key, 2**20), chains)
+        key = rng.seed_key(seed)
+
+        def warm_up_keys(run_key):
+            return jax.random.split(jax.random.fold_in(run_key, 2**20), chains)
+
+        warm_keys = _compiled_set_up(warm_up_keys, key)
         if warmup > 0:
             build = consensus.build_warmup(flat_model, padded, warmup, self.target_acceptance)
             states = build(warm_keys, theta0)
         else:
-            states = _stack(consensus.untuned_states(flat_model, padded, theta0, self.step_size),
-                            chains)
+            step_size = self.step_size
+
+            def untuned_states(theta):
+                return _stack(consensus.untuned_states(flat_model, padded, theta, step_size),
+                              chains)
+
+            states = _compiled_set_up(untuned_states, theta0)
         discard = burn_in if self.num_warmup is not None else 0
         step = consensus.build_kernel(flat_model, padded, self.max_num_doublings)
 

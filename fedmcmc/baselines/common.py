@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 
@@ -90,7 +91,7 @@ def client_likelihood_gradients(flat_model: FlatModel, data: ConcatenatedData) -
     """``theta (d,) -> (S, d)``: every client's exact gradient sum_i grad log p(x_i | theta)
     at one common point (per-example gradients over all rows, summed per client)."""
     num_clients = int(data.sizes.shape[0])
-    owner = jnp.asarray(np.repeat(np.arange(num_clients), np.asarray(data.sizes)), jnp.int32)
+    owner = device_array(np.repeat(np.arange(num_clients), np.asarray(data.sizes)), np.int32)
 
     def gradients(theta):
         per_example = jax.vmap(

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..arrays import device_array
 from ..federation import PaddedData
 from ..model import FlatModel
 
@@ -129,12 +130,17 @@ def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
     num_clients = int(padded.mask.shape[0])
     warm = build_chains_warmup(flat_model, num_clients, num_steps, target_acceptance_rate)
 
+    # each client's rows are cut, and the clients' results stacked, on the host: the warm-up
+    # is the only compiled program (no eager slice, stack or zeros of its own)
+    rows = jax.tree_util.tree_map(np.asarray, padded.data)
+    mask = np.asarray(padded.mask)
+
     def warmup(keys, theta0):
-        parts = [warm(keys, jnp.int32(s), jax.tree_util.tree_map(lambda leaf: leaf[s],
-                                                                  padded.data),
-                      padded.mask[s], theta0) for s in range(num_clients)]
+        parts = [warm(keys, np.int32(s), jax.tree_util.tree_map(lambda leaf: leaf[s], rows),
+                      mask[s], theta0) for s in range(num_clients)]
         position, logdensity, grad, step_size, inverse_mass = (
-            jnp.stack([part[i] for part in parts], axis=1) for i in range(5))
+            device_array(np.stack([np.asarray(part[i]) for part in parts], axis=1))
+            for i in range(5))
         chains = keys.shape[0]
         return SubposteriorStates(
             position=position,
@@ -142,8 +148,8 @@ def build_warmup(flat_model: FlatModel, padded: PaddedData, num_steps: int,
             logdensity_grad=grad,
             step_size=step_size,
             inverse_mass_matrix=inverse_mass,
-            divergences=jnp.zeros((chains, num_clients), jnp.int32),
-            acceptance=jnp.zeros((chains, num_clients), theta0.dtype),
+            divergences=device_array(np.zeros((chains, num_clients), np.int32)),
+            acceptance=device_array(np.zeros((chains, num_clients), theta0.dtype)),
         )
 
     return warmup

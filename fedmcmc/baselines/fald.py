@@ -71,6 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
+from ..arrays import device_array
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 from .common import batch_likelihood_gradients, client_rows
@@ -217,11 +218,11 @@ def build_kernel(
     num_clients = int(weights.shape[0])
     dtype = flat_model.dtype
     f = jnp.asarray(weights, dtype)
-    cumulative = jnp.asarray(np.cumsum(np.asarray(weights, np.float64)), jnp.float32)
+    cumulative = device_array(np.cumsum(np.asarray(weights, np.float64)), np.float32)
     may_be_smaller = bool(np.min(np.asarray(data.sizes)) < batch_size)
     likelihood_gradients = batch_likelihood_gradients(flat_model, data)
     prior_gradients = jax.vmap(flat_model.grad_log_prior)
-    h = jnp.asarray(step_size, dtype)
+    h = device_array(step_size, dtype)  # on the host: no eager conversion program
 
     def directions(positions, picked):
         """g_s(theta_s) for every client, (S, d)."""

@@ -59,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
+from ..arrays import device_array
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 from .common import batch_likelihood_gradients, client_likelihood_gradients, client_rows
@@ -200,7 +201,7 @@ def build_kernel(
 ) -> Callable:
     """One QLSD iteration for one chain: theta + (h/2) sum_s C(H_s(theta)) + sqrt(h) xi."""
     p = _pieces(flat_model, data, weights, batch_size)
-    h = jnp.asarray(step_size, flat_model.dtype)
+    h = device_array(step_size, flat_model.dtype)
 
     def step(key: jax.Array, state: QLSDState) -> QLSDState:
         key_batch, key_quant, key_noise = iteration_keys(key)
@@ -233,9 +234,9 @@ def build_kernel_plus_plus(
     """One QLSD++ iteration for one chain (control variates refreshed every
     ``reference_every`` iterations, memory terms with rate ``memory_rate``)."""
     p = _pieces(flat_model, data, weights, batch_size)
-    h = jnp.asarray(step_size, flat_model.dtype)
+    h = device_array(step_size, flat_model.dtype)  # on the host: no eager conversions
     full_gradients = client_likelihood_gradients(flat_model, data)
-    alpha = jnp.asarray(memory_rate, flat_model.dtype)
+    alpha = device_array(memory_rate, flat_model.dtype)
 
     def refreshed(theta, state, picked):
         exact = client_gradient(flat_model.grad_log_prior(theta)[None, :],

@@ -204,6 +204,72 @@ def test_a_clients_set_up_compiles_no_eager_operation():
     assert compiled <= CLIENT_PROGRAMS, sorted(compiled - CLIENT_PROGRAMS)
 
 
+#: every family's fm.sample on the in-process engine, printing what each compiled
+SAMPLE_SETUP = r"""
+import logging
+import blackjax  # noqa: F401 - imported first: its own import-time operations are not ours
+import jax, jax.numpy as jnp, numpy as np
+import fedmcmc as fm
+
+names = []
+
+class Names(logging.Handler):
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("Compiling "):
+            names.append(message.split(" ")[1])
+
+logging.getLogger("jax").addHandler(Names())
+jax.config.update("jax_log_compiles", True)
+model = fm.Model(log_prior=lambda p: -0.5 * jnp.sum(p["w"] ** 2),
+                 log_likelihood=lambda p, ex: -0.5 * (ex["y"] - ex["x"] @ p["w"]) ** 2)
+init = {"w": np.zeros(2, np.float32)}
+rs = np.random.default_rng(0)
+federation = fm.Federation([{"x": rs.normal(size=(n, 2)).astype(np.float32),
+                             "y": rs.normal(size=n).astype(np.float32)} for n in (12, 5, 20)])
+algorithms = [
+    fm.SGLD(step_size=1e-3, batch_size=8), fm.DSGLD(step_size=1e-3, batch_size=8, local_steps=4),
+    fm.FSGLD(step_size=1e-3, batch_size=8, local_steps=4), fm.FedZigZag(sample_interval=0.5),
+    fm.FedBPS(sample_interval=0.5), fm.FedBoomerang(sample_interval=0.5), fm.DULA(), fm.GTDULA(),
+    fm.FALD(step_size=1e-3, batch_size=8, local_steps=4),
+    fm.QLSD(step_size=1e-3, batch_size=8, variance_reduction=True),
+    fm.ConsensusMC(num_warmup=20), fm.ConsensusMC(num_warmup=0, step_size=0.1),
+]
+for index, algorithm in enumerate(algorithms):
+    before = len(names)
+    fm.sample(model, federation, algorithm, init=init, num_samples=4, chains=2, seed=0,
+              progress=False)
+    print(f"{index}:{type(algorithm).__name__}", " ".join(names[before:]))
+"""
+
+#: the programs of the families' set-up and runs: the library's own functions (and its
+#: jitted lambdas and derivatives), no eager operation of jax.numpy or jax.random
+SAMPLE_PROGRAMS = {
+    "_seed_key_program", "run_chunk", "initial_states", "fold_in_compiled", "_modes_program",
+    "_taylor_program", "product", "_laplace_of_product", "laplace_points", "every_client",
+    "_conducive_terms", "<lambda>", "hess", "stage", "potential", "_terms", "_third",
+    "warm_up_keys", "chain", "untuned_states"}
+
+
+@pytest.mark.slow
+def test_no_family_runs_an_eager_operation_in_its_set_up():
+    """Every family's fm.sample compiles only the library's programs in a new process: an
+    eager conversion, broadcast, cumulative sum or factorisation at set-up would be a small
+    program of its own, compiled (or read from the cache) in every new process."""
+    env = dict(os.environ, FEDMCMC_COMPILATION_CACHE="0")
+    run = subprocess.run([sys.executable, "-c", SAMPLE_SETUP], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    compiled = {}
+    for line in run.stdout.splitlines():
+        family, *programs = line.split()
+        compiled[family] = {name[len("jit("):-1] for name in programs}
+    assert len(compiled) == 12 and "run_chunk" in compiled["0:SGLD"], compiled
+    strays = {family: sorted(names - SAMPLE_PROGRAMS) for family, names in compiled.items()
+              if names - SAMPLE_PROGRAMS}
+    assert not strays, strays
+
+
 @pytest.mark.parametrize("lengths", [(330, 370), (1000, 1200)])
 def test_runs_of_nearly_the_same_length_compile_nothing_new(tmp_path, restore_cache_settings,
                                                            lengths):
