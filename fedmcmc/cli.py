@@ -12,6 +12,7 @@ after saving the draws made so far.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -180,6 +181,21 @@ def _bench(args) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The ``fedmcmc`` command. Output into a pipe its reader closed (``fedmcmc bench --list |
+    head``) ends the command quietly with status 1 rather than with a traceback."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # what was left unwritten goes nowhere, so that the flush at exit does not fail again
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # stdout without a file descriptor
+            pass
+        return 1
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:

@@ -24,6 +24,21 @@ def test_list_names_every_problem_name_first(capsys):
     assert all("``" not in line for line in lines)
 
 
+def test_a_closed_pipe_ends_the_command_quietly(monkeypatch):
+    """``fedmcmc bench --list | head``: the reader closes the pipe; the command ends with
+    status 1 and no traceback (a stdout whose writes raise BrokenPipeError stands for it)."""
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["bench", "--list"]) == 1
+
+
 def test_bench_needs_an_output_directory_and_known_names(capsys, tmp_path):
     assert main(["bench"]) == 1
     assert "--out" in capsys.readouterr().err
