@@ -22,7 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import fedmcmc as fm  # noqa: E402
 from fedmcmc.engines.comm import ClientFailureError  # noqa: E402
-from fedmcmc.engines.ray_engine import actor_groups  # noqa: E402
+from fedmcmc.engines.ray_engine import Unpacked, actor_groups, packed, unpacked  # noqa: E402
 
 from toy_problems import GAUSSIAN_MODEL, DIM, gaussian_federation  # noqa: E402
 
@@ -31,6 +31,23 @@ RUN = dict(init=jnp.zeros(DIM), num_samples=60, burn_in=0, thin=5, chains=2, see
 
 
 # ----------------------------------------------------------------------------- grouping rule
+
+def test_messages_travel_as_one_byte_string_unless_pickle_cannot_take_them():
+    """A message or reply of arrays and scalars is one pickled byte string (Ray moves it as it
+    is); one holding a local function (a set-up message with the model) is left to Ray."""
+    message = (3, "respond", (np.arange(6, dtype=np.uint32).reshape(3, 2), np.ones((2, 3)),
+                              np.float32(0.5), True))
+    wire = packed(message)
+    assert isinstance(wire, bytes)
+    client, method, args = unpacked(wire)
+    assert (client, method) == (3, "respond") and len(args) == 4
+    for sent, received in zip(message[2], args):
+        np.testing.assert_array_equal(received, sent)
+        assert np.asarray(received).dtype == np.asarray(sent).dtype
+    with_function = (0, "setup", (lambda theta: theta,))
+    wire = packed(with_function)
+    assert isinstance(wire, Unpacked) and unpacked(wire) is with_function
+
 
 def test_auto_groups_are_one_actor_per_cpu_in_balanced_contiguous_blocks():
     assert actor_groups(30, None, None, 2) == [[c] for c in range(30)]  # the default
