@@ -166,17 +166,18 @@ class ClientHost:
                 for position, arg in enumerate(args)]
         return packed(self.dispatch(client, method, *args))
 
-    def dispatch_each(self, method: str, calls: Sequence[tuple]) -> List[tuple]:
-        """Deliver ``method`` to several hosted clients, ``calls`` holding ``(client, args)``
-        each: one actor call for what are several messages. Replies ``("ok", value)`` or
-        ``("error", reason)`` per client, in order: one client's failure is its own."""
+    def dispatch_each(self, method: str, calls: Any) -> Any:
+        """Deliver ``method`` to several hosted clients, ``calls`` (packed by :func:`packed`)
+        holding ``(client, args)`` each: one actor call for what are several messages.
+        Replies, packed likewise, ``("ok", value)`` or ``("error", reason)`` per client, in
+        order: one client's failure is its own."""
         replies = []
-        for client, args in calls:
+        for client, args in unpacked(calls):
             try:
                 replies.append(("ok", self.dispatch(client, method, *args)))
             except Exception as error:  # noqa: BLE001 - reported as that client's failure
                 replies.append(("error", f"{type(error).__name__}: {error}"))
-        return replies
+        return packed(replies)
 
     def stop(self, client: int) -> None:
         """Drop client ``client``'s endpoint (and its data) from this actor."""
@@ -481,7 +482,7 @@ class RayTransport(Transport):
                 client, args = calls[0]
                 pendings[client] = Pending(client, method, self._send(client, method, args))
                 continue
-            batch = _Batch(self.actors[actor].dispatch_each.remote(method, calls))
+            batch = _Batch(self.actors[actor].dispatch_each.remote(method, packed(calls)))
             for position, (client, _) in enumerate(calls):
                 pendings[client] = Pending(client, method, _Part(batch, position))
         return [pendings[client] for client in clients]
@@ -545,7 +546,7 @@ class RayTransport(Transport):
     def _part(self, part: _Part, client: int) -> Any:
         batch = part.batch
         if batch.values is None:
-            batch.values = self._ray.get(batch.ref, timeout=60)
+            batch.values = unpacked(self._ray.get(batch.ref, timeout=60))
         status, value = batch.values[part.position]
         if status == "error":
             raise ClientFailure(client, value)
