@@ -222,13 +222,15 @@ def pdmp_distributed(model, federation, draws, engine):
 
     marks = []
 
-    def on_chunk(states, done):
+    def on_draws(draws, stats, first):
+        # the protocol engines honour on_draws, not on_chunk; after the set-up every message
+        # to the workers is a round's broadcast (one per worker; rate diagnostics are off)
         t = transports[0]
-        marks.append((time.perf_counter(), int(np.sum(np.asarray(states[0].iterations))),
+        marks.append((time.perf_counter(), t.counts["to_clients"] // t.num_clients,
                       t.bytes["to_clients"] + t.bytes["from_clients"]))
 
     options = {"on_client_failure": "stop", "visit_timeout": 600.0, "chunk_size": 1,
-               "on_chunk": on_chunk}
+               "on_draws": on_draws}
     started = time.perf_counter()
     with ray_session() if engine == "ray" else contextlib.nullcontext(), \
             jax.enable_x64(True):
