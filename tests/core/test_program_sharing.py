@@ -153,13 +153,12 @@ def test_clients_of_one_process_share_one_share_model():
     assert langevin_handoff._share_model(MODEL, 5) is not langevin_handoff._share_model(MODEL, 4)
 
 
-# A hand-off client's set-up messages in a fresh process (each Ray client is one): the names
-# of the programs JAX compiles (or loads), printed one per line
-CLIENT_SETUP = r"""
-import logging, sys
+# The start of a fresh process's script that lists the programs JAX compiles (or loads) in
+# ``names``, and a linear-regression model for it to run
+_PROGRAM_NAMES = r"""
+import logging
 import jax, jax.numpy as jnp, numpy as np
 import fedmcmc as fm
-from fedmcmc.engines.handoff import HandoffClient
 
 names = []
 
@@ -173,6 +172,13 @@ logging.getLogger("jax").addHandler(Names())
 jax.config.update("jax_log_compiles", True)
 model = fm.Model(log_prior=lambda p: -0.5 * jnp.sum(p["w"] ** 2),
                  log_likelihood=lambda p, ex: -0.5 * (ex["y"] - ex["x"] @ p["w"]) ** 2)
+"""
+
+# A hand-off client's set-up messages in a fresh process (each Ray client is one): the names
+# of the programs JAX compiles (or loads), printed one per line
+CLIENT_SETUP = _PROGRAM_NAMES + r"""
+from fedmcmc.engines.handoff import HandoffClient
+
 init = {"w": np.zeros(3, np.float32)}
 rs = np.random.default_rng(0)
 rows = {"x": rs.normal(size=(30, 3)).astype(np.float32), "y": rs.normal(size=30).astype(np.float32)}
@@ -205,24 +211,8 @@ def test_a_clients_set_up_compiles_no_eager_operation():
 
 
 #: every family's fm.sample on the in-process engine, printing what each compiled
-SAMPLE_SETUP = r"""
-import logging
-import blackjax  # noqa: F401 - imported first: its own import-time operations are not ours
-import jax, jax.numpy as jnp, numpy as np
-import fedmcmc as fm
-
-names = []
-
-class Names(logging.Handler):
-    def emit(self, record):
-        message = record.getMessage()
-        if message.startswith("Compiling "):
-            names.append(message.split(" ")[1])
-
-logging.getLogger("jax").addHandler(Names())
-jax.config.update("jax_log_compiles", True)
-model = fm.Model(log_prior=lambda p: -0.5 * jnp.sum(p["w"] ** 2),
-                 log_likelihood=lambda p, ex: -0.5 * (ex["y"] - ex["x"] @ p["w"]) ** 2)
+# (blackjax imported first: its own import-time operations are not the library's)
+SAMPLE_SETUP = "import blackjax\n" + _PROGRAM_NAMES + r"""
 init = {"w": np.zeros(2, np.float32)}
 rs = np.random.default_rng(0)
 federation = fm.Federation([{"x": rs.normal(size=(n, 2)).astype(np.float32),
