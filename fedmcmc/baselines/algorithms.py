@@ -116,14 +116,6 @@ def _stack(state, chains: int):
                                   state)
 
 
-def _compiled_set_up(make, *arguments):
-    """``make(*arguments)`` (a baseline's initial states of every chain, its warm-up keys) as
-    one compiled program, shared by later runs of the same shapes (``fedmcmc.cache``), rather
-    than an eager program per set-up operation (conversions, broadcasts, new axes, key splits)
-    in every new process."""
-    return jit_with_constants_as_arguments(make)(*arguments)
-
-
 class _ReferenceSearch(NamedTuple):
     source: str  # "given" or "lbfgs"
     iterations: int
@@ -286,7 +278,8 @@ class FALD(_Baseline):
         def initial_states(theta, client_weights):
             return _stack(fald.init(theta, client_weights), chains)
 
-        states = _compiled_set_up(initial_states, theta0, weights)
+        # one compiled program, as the other families' initial states: no eager set-up programs
+        states = jit_with_constants_as_arguments(initial_states)(theta0, weights)
         states, start_draw = resume_from(run_options, states)
         run = run_chains(
             draw_step, states, rng.seed_key(seed), burn_in=burn_in, num_samples=num_samples,
@@ -459,7 +452,7 @@ class QLSD(_Baseline):
 
         # all chains in one state with ONE iteration counter (not vmapped), so that QLSD++'s
         # refresh is a branch, not a select that computes the full gradients every iteration
-        states = _compiled_set_up(initial_states, theta0)
+        states = jit_with_constants_as_arguments(initial_states)(theta0)
         axes = jax.tree_util.tree_map(lambda _: 0, states)._replace(iteration=None)
         all_chains = jax.vmap(step, in_axes=(0, axes), out_axes=axes)
 
@@ -650,7 +643,7 @@ class ConsensusMC(_Baseline):
         def warm_up_keys(run_key):
             return jax.random.split(jax.random.fold_in(run_key, 2**20), chains)
 
-        warm_keys = _compiled_set_up(warm_up_keys, key)
+        warm_keys = jit_with_constants_as_arguments(warm_up_keys)(key)
         if warmup > 0:
             build = consensus.build_warmup(flat_model, padded, warmup, self.target_acceptance)
             states = build(warm_keys, theta0)
@@ -661,7 +654,7 @@ class ConsensusMC(_Baseline):
                 return _stack(consensus.untuned_states(flat_model, padded, theta, step_size),
                               chains)
 
-            states = _compiled_set_up(untuned_states, theta0)
+            states = jit_with_constants_as_arguments(untuned_states)(theta0)
         discard = burn_in if self.num_warmup is not None else 0
         step = consensus.build_kernel(flat_model, padded, self.max_num_doublings)
 

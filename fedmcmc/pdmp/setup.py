@@ -13,8 +13,8 @@ import numpy as np
 from ..cache import jit_with_constants_as_arguments
 from .bounds import auto_worker_bounds, whitened_bound, worker_hessian_bounds
 
-__all__ = ["federated_newton", "newton", "potential_programs", "worker_gradients", "worker_summaries",
-           "LocalWorkers"]
+__all__ = ["federated_newton", "newton", "potential_programs", "worker_gradients",
+           "worker_summaries", "LocalWorkers"]
 
 
 def worker_gradients(flat_model, padded, theta):
