@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -79,13 +80,11 @@ class ClientFailureError(RuntimeError):
 def client_location(index: int) -> Dict[str, Any]:
     """Where a client endpoint runs: host name, process id and, on Ray, the node id."""
     where = {"client": int(index), "host": socket.gethostname(), "pid": os.getpid()}
-    try:
-        import ray
-
-        if ray.is_initialized():
-            where["node_id"] = ray.get_runtime_context().get_node_id()
-    except ImportError:  # pragma: no cover - in-process transport without Ray
-        pass
+    # a process that has not imported Ray is not in a Ray instance: importing it here would
+    # cost every in-process hand-off run about 0.4 s for nothing
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        where["node_id"] = ray.get_runtime_context().get_node_id()
     return where
 
 
