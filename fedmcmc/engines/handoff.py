@@ -222,15 +222,18 @@ class HandoffServer:
         self.dim = dim = int(np.shape(position_of(initial_carry))[0])
         root = rng.seed_key(seed)
 
-        @jit_with_constants_as_arguments  # the run's key is an argument (another seed: same)
-        def next_client(chain, t, cumulative):
+        # the run's key is an argument (another seed: same program); the cumulative f_s are
+        # computed inside it, as inside the in-process kernel's compiled step (the same
+        # float32 sums, hence the same clients), not by eager programs of their own
+        @jit_with_constants_as_arguments
+        def next_client(chain, t, weights):
             key_client = jax.random.split(iteration_key(root, chains, thin, chain, t), 3)[0]
-            return draw_client(key_client, cumulative)
+            return draw_client(key_client, jnp.cumsum(weights))
 
         self._next_client = next_client
         self.original_weights = np.asarray(weights, np.float64)
         self.weights = self.original_weights.copy()
-        self._cumulative = self._cumulative_of(self.weights)
+        self._scheduler_weights = self._float32(self.weights)
         num_clients = len(self.weights)
         # every draw of every chain as it arrives (NaN where not made yet)
         self.draws = np.full((chains, total_draws, dim), np.nan, np.float32)
@@ -248,14 +251,16 @@ class HandoffServer:
         self.visit_seconds: List[float] = []
 
     @staticmethod
-    def _cumulative_of(weights):
-        return jnp.cumsum(jnp.asarray(weights, jnp.float32))
+    def _float32(weights):
+        """f_s as the scheduler takes them, converted on the host (round to nearest, as
+        JAX's conversion)."""
+        return np.asarray(weights, np.float32)
 
     # -- one chain
 
     def _submit(self, chain: int) -> None:
         client = int(self._next_client(np.int32(chain), np.int32(self.iterations[chain]),
-                                       self._cumulative))
+                                       self._scheduler_weights))
         self.rounds[chain] += 1
         self.visits[chain, client] += 1
         self.inflight[chain] = self.transport.call(
@@ -369,7 +374,7 @@ class HandoffServer:
         kept = sorted(self.alive)
         self.weights[:] = 0.0
         self.weights[kept] = self.original_weights[kept] / self.original_weights[kept].sum()
-        self._cumulative = self._cumulative_of(self.weights)
+        self._scheduler_weights = self._float32(self.weights)
         if self.reconfigure is not None:
             self.reconfigure(self.weights.copy())
         for chain in hit:

@@ -473,8 +473,11 @@ class FSGLDProtocol(DSGLDProtocol):
         clients' estimator moments, ``fsgld.auto_trust_radius``)."""
         surrogates, given = prepared
         kept = np.asarray(list(clients))
-        subset = surrogate_module.GaussianSurrogates(precision=surrogates.precision[kept],
-                                                     shift=surrogates.shift[kept])
+        # indexed on the host: a device array indexed by a NumPy array runs four eager
+        # programs (index normalisation, gather), each compiled or loaded by the driver
+        precisions, shifts = np.asarray(surrogates.precision), np.asarray(surrogates.shift)
+        subset = surrogate_module.GaussianSurrogates(precision=device_array(precisions[kept]),
+                                                     shift=device_array(shifts[kept]))
         product = surrogate_module.product(subset)
         global_surrogate = (np.asarray(product.precision), np.asarray(product.shift))
         trust = None
@@ -507,8 +510,7 @@ class FSGLDProtocol(DSGLDProtocol):
                                        "global_precision": global_surrogate[0],
                                        "global_shift": global_surrogate[1]}, s)
             if given:
-                entry["precision"] = np.asarray(surrogates.precision[s])
-                entry["shift"] = np.asarray(surrogates.shift[s])
+                entry["precision"], entry["shift"] = precisions[s], shifts[s]
             if trust is not None:
                 entry.update(trust_center=trust[0], trust_precision=trust[1],
                              trust_radius=trust[2])

@@ -230,6 +230,17 @@ for index, algorithm in enumerate(algorithms):
     fm.sample(model, federation, algorithm, init=init, num_samples=4, chains=2, seed=0,
               progress=False)
     print(f"{index}:{type(algorithm).__name__}", " ".join(names[before:]))
+# the hand-off protocols on the in-process transport: the Ray engine's driver (the server's
+# scheduler, FSGLD's product and trust region) with its clients in this process
+from fedmcmc.engines.handoff import sample_protocol
+handoffs = [fm.DSGLD(step_size=1e-3, batch_size=8, local_steps=4),
+            fm.FSGLD(step_size=1e-3, batch_size=8, local_steps=4, surrogate="sgld",
+                     surrogate_draws=40, surrogate_burn_in=10)]
+for index, algorithm in enumerate(handoffs, start=len(algorithms)):
+    before = len(names)
+    sample_protocol(algorithm.handoff_protocol(), model, federation, engine="local", init=init,
+                    num_samples=4, burn_in=0, thin=1, chains=2, seed=0)
+    print(f"{index}:handoff-{type(algorithm).__name__}", " ".join(names[before:]))
 """
 
 #: the programs of the families' set-up and runs: the library's own functions (and its
@@ -238,14 +249,15 @@ SAMPLE_PROGRAMS = {
     "_seed_key_program", "run_chunk", "initial_states", "fold_in_compiled", "_modes_program",
     "_taylor_program", "product", "_laplace_of_product", "laplace_points", "every_client",
     "_conducive_terms", "<lambda>", "hess", "stage", "potential", "_terms", "_third",
-    "warm_up_keys", "chain", "untuned_states"}
+    "warm_up_keys", "chain", "untuned_states"} | CLIENT_PROGRAMS | {"next_client"}
 
 
 @pytest.mark.slow
 def test_no_family_runs_an_eager_operation_in_its_set_up():
-    """Every family's fm.sample compiles only the library's programs in a new process: an
-    eager conversion, broadcast, cumulative sum or factorisation at set-up would be a small
-    program of its own, compiled (or read from the cache) in every new process."""
+    """Every family's fm.sample compiles only the library's programs in a new process, and so
+    do the hand-off protocols' driver and clients: an eager conversion, broadcast, cumulative
+    sum, indexing or factorisation at set-up would be a small program of its own, compiled (or
+    read from the cache) in every new process."""
     env = dict(os.environ, FEDMCMC_COMPILATION_CACHE="0")
     run = subprocess.run([sys.executable, "-c", SAMPLE_SETUP], capture_output=True, text=True,
                          timeout=600, env=env)
@@ -254,7 +266,8 @@ def test_no_family_runs_an_eager_operation_in_its_set_up():
     for line in run.stdout.splitlines():
         family, *programs = line.split()
         compiled[family] = {name[len("jit("):-1] for name in programs}
-    assert len(compiled) == 12 and "run_chunk" in compiled["0:SGLD"], compiled
+    assert len(compiled) == 14 and "run_chunk" in compiled["0:SGLD"], compiled
+    assert "next_client" in compiled["12:handoff-DSGLD"], compiled
     strays = {family: sorted(names - SAMPLE_PROGRAMS) for family, names in compiled.items()
               if names - SAMPLE_PROGRAMS}
     assert not strays, strays
