@@ -7,7 +7,9 @@ iterations, PDMP thinning proposals, Langevin updates), and XLA took seconds to 
 the vmapped calls (a Langevin run's random numbers: 3.7 s against 1.3 s unrolled,
 ``benchmarks/bench_overheads.py``). The
 helpers here compute the same numbers with the 20 rounds unrolled, which XLA fuses into
-the consumer. Only for threefry keys with ``jax_threefry_partitionable`` (JAX's default);
+the consumer. The unrolled hash is one primitive (:data:`threefry2x32_unrolled_p`), so a
+trace holds one equation per hash and the rounds are built only when the program is
+lowered. Only for threefry keys with ``jax_threefry_partitionable`` (JAX's default);
 other key implementations go through ``jax.random``. Every family draws through this
 module, so its random streams, and the Ray engines' equivalence with the in-process
 engine, are those of ``jax.random``.
@@ -20,6 +22,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as _jax_core
+from jax.interpreters import batching as _batching
+from jax.interpreters import mlir as _mlir
 
 __all__ = ["seed_key", "split_key", "fold_in", "fold_in_compiled", "uniform", "normal",
            "uniform64", "exponential64", "is_unrolled"]
@@ -27,14 +32,12 @@ __all__ = ["seed_key", "split_key", "fold_in", "fold_in_compiled", "uniform", "n
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
-def _threefry2x32(k1, k2, x1, x2):
-    """The threefry-2x32 hash (20 rounds) of ``jax.random``'s ``threefry2x32_p``, unrolled.
+def _threefry2x32_rounds(k1, k2, x1, x2):
+    """The threefry-2x32 hash (20 rounds) of ``jax.random``'s ``threefry2x32_p``, unrolled:
+    the lowering of :data:`threefry2x32_unrolled_p`.
 
     ``k1, k2``: the key words (broadcastable against the counters ``x1, x2``, uint32).
-    Written with ``jax.lax`` operations on operands broadcast once: the operators of
-    ``jax.numpy`` arrays each go through a jitted wrapper (type promotion, broadcasting),
-    which under the samplers' nested ``vmap`` made tracing these ~130 operations a
-    noticeable part of a warm start (``benchmarks/bench_startup.py``).
+    Written with ``jax.lax`` operations on operands broadcast once.
     """
     shape = jax.lax.broadcast_shapes(np.shape(k1), np.shape(k2), np.shape(x1), np.shape(x2))
 
@@ -59,6 +62,39 @@ def _threefry2x32(k1, k2, x1, x2):
         x1 = add(x1, ks[(block + 1) % 3])
         x2 = add(add(x2, ks[(block + 2) % 3]), np.uint32(block + 1))
     return x1, x2
+
+
+def _threefry2x32_abstract(k1, k2, x1, x2):
+    """Two uint32 words of the operands' broadcast shape."""
+    words = (k1, k2, x1, x2)
+    if any(word.dtype != np.uint32 for word in words):
+        raise TypeError(f"threefry2x32_unrolled takes uint32 words, got "
+                        f"{[str(word.dtype) for word in words]}")
+    shape = jax.lax.broadcast_shapes(*(word.shape for word in words))
+    return (jax.core.ShapedArray(shape, np.dtype(np.uint32)),) * 2
+
+
+#: The unrolled threefry-2x32 hash as one primitive: a sampler's trace holds one equation per
+#: hash instead of its ~130 operations, traced and batched under every ``vmap`` (a Fed Zig-Zag
+#: run program's hashes were 43 % of its equations), and its lowering is emitted once per operand
+#: shapes in a program and called (JAX caches primitive lowerings), where XLA inlines and fuses
+#: it into its consumers as before. Batched by broadcasting, like ``jax.random``'s own hash.
+threefry2x32_unrolled_p = _jax_core.Primitive("fedmcmc_threefry2x32_unrolled")
+threefry2x32_unrolled_p.multiple_results = True
+threefry2x32_unrolled_p.def_abstract_eval(_threefry2x32_abstract)
+# outside a trace: the same operations, compiled
+threefry2x32_unrolled_p.def_impl(jax.jit(_threefry2x32_rounds))
+_batching.defbroadcasting(threefry2x32_unrolled_p)
+_mlir.register_lowering(threefry2x32_unrolled_p,
+                        _mlir.lower_fun(_threefry2x32_rounds, multiple_results=True))
+
+
+def _threefry2x32(k1, k2, x1, x2):
+    """The hash of the counter words ``x1, x2`` under the key words ``k1, k2`` (broadcast
+    against each other; any of them uint32 or convertible), bit for bit ``jax.random``'s."""
+    words = [jnp.asarray(word, jnp.uint32) for word in (k1, k2, x1, x2)]
+    b1, b2 = threefry2x32_unrolled_p.bind(*words)
+    return b1, b2
 
 
 def seed_key(seed: int):

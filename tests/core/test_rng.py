@@ -109,3 +109,46 @@ def test_64_bit_draws_outside_64_bit_mode_are_jax_randoms_at_float32():
     assert set(np.asarray(velocity).tolist()) == {-1.0, 1.0}
     with jax.enable_x64(True):  # and in 64-bit mode, jax.random's float64 draws
         assert same(rng.uniform64(key, (7,)), jax.random.uniform(key, (7,), jnp.float64))
+
+
+def test_the_hash_is_one_primitive_batched_by_broadcasting():
+    """The unrolled hash is one equation of a trace (its ~130 operations appear only in the
+    lowering), gives jax.random's words eagerly, under jit and under vmap whichever operands are
+    batched (key words, counters, or both on different axes), and refuses non-uint32 words."""
+    key = jax.random.key(11)
+    jaxpr = jax.make_jaxpr(lambda k: jax.random.key_data(rng.fold_in(rng.split_key(k, 3)[1], 5)))(key)
+    names = [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns]
+    inner = [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns
+             for sub in jax.tree_util.tree_leaves(eqn.params, is_leaf=lambda p: hasattr(p, "eqns"))
+             if hasattr(sub, "eqns") for eqn in getattr(sub, "jaxpr", sub).eqns]
+    hashes = names + inner
+    assert hashes.count(rng.threefry2x32_unrolled_p.name) == 2
+    assert "shift_left" not in hashes and "shift_right_logical" not in hashes
+
+    from jax.extend.random import threefry_2x32  # jax.random's hash: one key pair, counters
+    # (x1, x2) concatenated; returns the two output words concatenated
+
+    data = jax.random.key_data(jax.random.split(key, 4))  # (4, 2): one key pair per row
+    k1, k2 = data[:, 0], data[:, 1]
+    x1 = jnp.arange(4 * 6, dtype=jnp.uint32).reshape(4, 6)
+    x2 = x1 * np.uint32(7919) + np.uint32(3)
+    expected = np.stack([np.asarray(threefry_2x32(data[i], jnp.concatenate([x1[i], x2[i]])))
+                         .reshape(2, 6) for i in range(4)], axis=1)  # (word, row, column)
+
+    def ours(a, b, c, d):
+        return jnp.stack(rng._threefry2x32(a, b, c, d))
+
+    assert same(ours(k1[:, None], k2[:, None], x1, x2), expected)  # eager
+    assert same(jax.jit(ours)(k1[:, None], k2[:, None], x1, x2), expected)
+    # vmapped over rows (every operand batched), over columns (key words unbatched, counters
+    # batched on axis 1), and over rows with one counter word unbatched
+    assert same(jax.vmap(ours, out_axes=1)(k1, k2, x1, x2), expected)
+    assert same(jax.vmap(ours, in_axes=(None, None, 1, 1), out_axes=2)(k1, k2, x1, x2), expected)
+    x2_row = jnp.broadcast_to(x2[0], x2.shape)
+    expected_row = np.stack([np.asarray(threefry_2x32(data[i], jnp.concatenate([x1[i], x2[0]])))
+                             .reshape(2, 6) for i in range(4)], axis=1)
+    assert same(jax.jit(jax.vmap(ours, in_axes=(0, 0, 0, None), out_axes=1))(k1, k2, x1, x2[0]),
+                expected_row)
+    assert same(ours(k1[:, None], k2[:, None], x1, x2_row), expected_row)
+    with np.testing.assert_raises(TypeError):
+        jax.make_jaxpr(lambda x: rng.threefry2x32_unrolled_p.bind(x, x, x, x))(jnp.zeros(3))
