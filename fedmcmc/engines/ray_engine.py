@@ -50,7 +50,10 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     clients in 30 processes each import JAX and compile the same programs while
     contending for the same cores. An integer k: at most k per actor. With
     ``client_resources``, only clients whose resource dicts are equal share an
-    actor. ``info["ray_actors"]`` lists the clients of each actor.
+    actor. ``info["ray_actors"]`` lists the clients of each actor. Left at its
+    default, with more than 4 actors per CPU and no ``client_resources``, the run
+    warns (:class:`PlacementWarning`); ``clients_per_actor=1`` keeps one actor per
+    client without the warning.
 ``reuse_actors``
     ``True`` (default): on a Ray instance that was running before the run (and so
     outlives it), the run's actors are kept idle at its end, their clients' data
@@ -90,8 +93,10 @@ import gc
 import math
 import pickle
 import threading
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
+from ..callsite import user_stacklevel
 from .comm import ClientFailure, Pending, Transport
 from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this module's API
     LOOPBACK,
@@ -101,7 +106,8 @@ from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this modul
 )
 
 __all__ = ["ray_session", "ray_transports", "RayTransport", "ClientHost", "LOOPBACK",
-           "actor_groups", "UnauthenticatedClusterError", "release_idle_actors", "idle_actors"]
+           "actor_groups", "UnauthenticatedClusterError", "release_idle_actors", "idle_actors",
+           "PlacementWarning", "placement_hint"]
 
 
 class ClientHost:
@@ -372,6 +378,36 @@ def actor_groups(num_clients: int, clients_per_actor, resources: Optional[Sequen
     return sorted(groups)
 
 
+class PlacementWarning(UserWarning):
+    """``engine="ray"`` is about to start many more client actors than the Ray instance has
+    CPUs, each a process that imports JAX and compiles its client's programs (see
+    :func:`placement_hint`)."""
+
+
+#: actors per CPU of the Ray instance beyond which the default placement (one actor per client)
+#: gets a :class:`PlacementWarning`
+ACTORS_PER_CPU_HINT = 4
+
+
+def placement_hint(num_actors: int, cluster_cpus: float, clients_per_actor,
+                   resources: Optional[Sequence[dict]]) -> Optional[str]:
+    """The text of a :class:`PlacementWarning`, or None: only for the default placement (the
+    user did not choose ``clients_per_actor`` nor pin clients with ``client_resources``) and
+    more than :data:`ACTORS_PER_CPU_HINT` actors per CPU. FSGLD's Table 1, 30 clients on a
+    2-CPU machine: set-up 65 s warm with 30 actors against 22 s in 2 actors
+    (``clients_per_actor="auto"``), the same draws (docs/reference/speed.md)."""
+    if clients_per_actor is not None or resources is not None:
+        return None
+    cpus = max(float(cluster_cpus), 1.0)
+    if num_actors <= ACTORS_PER_CPU_HINT * cpus:
+        return None
+    return (f"engine='ray' starts one actor per client: {num_actors} processes, each importing "
+            f"JAX and compiling its client's programs, on a Ray instance with {cpus:g} CPUs. "
+            f"clients_per_actor='auto' hosts the clients in one actor per CPU (the same messages "
+            f"and draws, much less set-up time); pass clients_per_actor=1 to keep one process "
+            f"per client and silence this warning")
+
+
 class RayTransport(Transport):
     """Client endpoints in Ray actors (:class:`ClientHost`); messages are actor calls.
 
@@ -444,8 +480,13 @@ class RayTransport(Transport):
         """The transport the engine options ask for (``client_resources``,
         ``client_num_cpus``, ``clients_per_actor``); call inside the Ray session."""
         resources = options.get("client_resources")
+        cluster_cpus = _import_ray().cluster_resources().get("CPU", 1)
         groups = actor_groups(len(specs), options.get("clients_per_actor"), resources,
-                              _import_ray().cluster_resources().get("CPU", 1))
+                              cluster_cpus)
+        hint = placement_hint(len(groups), cluster_cpus, options.get("clients_per_actor"),
+                              resources)
+        if hint is not None:
+            warnings.warn(hint, PlacementWarning, stacklevel=user_stacklevel())
         return cls(specs, resources=resources, num_cpus=options.get("client_num_cpus", 0),
                    groups=groups, reuse=options.get("reuse_actors", False))
 

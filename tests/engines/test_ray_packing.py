@@ -85,6 +85,47 @@ def test_clients_per_actor_is_checked():
         fm.sample(GAUSSIAN_MODEL, federation, algorithm, clients_per_actor=2, **RUN)
 
 
+def test_the_default_placement_warns_when_actors_far_outnumber_the_cpus(monkeypatch):
+    """One actor per client (the default) on an instance with far fewer CPUs gets a
+    PlacementWarning naming clients_per_actor='auto', pointing at the caller's line; a
+    placement the user chose (any clients_per_actor, client_resources) and a few actors per
+    CPU get none."""
+    import warnings
+
+    from fedmcmc.engines import ray_engine
+    from fedmcmc.engines.ray_engine import PlacementWarning, RayTransport, placement_hint
+
+    hint = placement_hint(30, 2.0, None, None)
+    assert "30 processes" in hint and "clients_per_actor='auto'" in hint and "2 CPUs" in hint
+    assert placement_hint(8, 2.0, None, None) is None  # 4 actors per CPU: no hint
+    assert placement_hint(9, 2.0, None, None) is not None
+    for chosen in ("auto", 1, 3):
+        assert placement_hint(30, 2.0, chosen, None) is None
+    assert placement_hint(30, 2.0, None, [{"site": 1}] * 30) is None
+    assert placement_hint(30, 16.0, None, None) is None
+
+    class _Cluster:  # no Ray: the transport's choice of groups, not its actors
+        @staticmethod
+        def cluster_resources():
+            return {"CPU": 2.0}
+
+    class _Recorded(RayTransport):
+        def __init__(self, specs, **kwargs):
+            self.kwargs = kwargs
+
+    monkeypatch.setattr(ray_engine, "_import_ray", lambda: _Cluster)
+    specs = [(object, ())] * 30
+    with pytest.warns(PlacementWarning, match="clients_per_actor='auto'") as caught:
+        made = _Recorded.from_options(specs, {})
+    assert len(made.kwargs["groups"]) == 30
+    assert caught[0].filename == __file__  # the caller's line, not fedmcmc's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(_Recorded.from_options(specs, {"clients_per_actor": "auto"}).kwargs["groups"]) == 2
+        _Recorded.from_options(specs, {"clients_per_actor": 1})
+        _Recorded.from_options(specs[:8], {})
+
+
 # ----------------------------------------------------------------------------- on Ray
 
 @pytest.fixture(scope="module")
