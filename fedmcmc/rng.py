@@ -76,9 +76,10 @@ def _threefry2x32_abstract(k1, k2, x1, x2):
 
 #: The unrolled threefry-2x32 hash as one primitive: a sampler's trace holds one equation per
 #: hash instead of its ~130 operations, traced and batched under every ``vmap`` (a Fed Zig-Zag
-#: run program's hashes were 43 % of its equations), and its lowering is emitted once per operand
-#: shapes in a program and called (JAX caches primitive lowerings), where XLA inlines and fuses
-#: it into its consumers as before. Batched by broadcasting, like ``jax.random``'s own hash.
+#: run program's hashes were 43 % of its equations). Its lowering is built once per operand
+#: shapes in a program (JAX caches primitive lowerings) and inlined at each use, so XLA sees the
+#: same operations as before and fuses them into their consumers. Batched by broadcasting, like
+#: ``jax.random``'s own hash.
 threefry2x32_unrolled_p = _jax_core.Primitive("fedmcmc_threefry2x32_unrolled")
 threefry2x32_unrolled_p.multiple_results = True
 threefry2x32_unrolled_p.def_abstract_eval(_threefry2x32_abstract)
