@@ -394,8 +394,8 @@ def placement_hint(num_actors: int, cluster_cpus: float, clients_per_actor,
     """The text of a :class:`PlacementWarning`, or None: only for the default placement (the
     user did not choose ``clients_per_actor`` nor pin clients with ``client_resources``) and
     more than :data:`ACTORS_PER_CPU_HINT` actors per CPU. FSGLD's Table 1, 30 clients on a
-    2-CPU machine: set-up 65 s warm with 30 actors against 22 s in 2 actors
-    (``clients_per_actor="auto"``), the same draws (docs/reference/speed.md)."""
+    2-CPU machine, a whole run with a warm compilation cache: 57-76 s in 30 actors against
+    18-22 s in 2 (``clients_per_actor="auto"``), the same draws (docs/reference/speed.md)."""
     if clients_per_actor is not None or resources is not None:
         return None
     cpus = max(float(cluster_cpus), 1.0)
