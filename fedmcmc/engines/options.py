@@ -22,6 +22,7 @@ ENGINE_OPTIONS = (
     "client_num_cpus",
     "clients_per_actor",  # client endpoints per Ray actor (default 1; "auto": one actor per CPU)
     "reuse_actors",  # keep client actors for the next run on a Ray instance that outlives this one
+    "direct_channel",  # broadcasts through an authenticated socket per actor (channel.py)
     "audit_messages",
     "ray_init_options",
     "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
@@ -38,7 +39,8 @@ PROTOCOL_RUN_OPTIONS = ("chunk_size", "on_draws")
 
 #: the options that only the Ray engine reads
 RAY_ONLY_OPTIONS = ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
-                    "clients_per_actor", "reuse_actors", "allow_unauthenticated_cluster")
+                    "clients_per_actor", "reuse_actors", "direct_channel",
+                    "allow_unauthenticated_cluster")
 
 
 def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray") -> Dict[str, Any]:
@@ -79,10 +81,11 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
         except ValueError:
             raise ValueError("clients_per_actor must be a positive integer or 'auto', "
                              f"got {per_actor!r}") from None
-    if "reuse_actors" in out:
-        if not isinstance(out["reuse_actors"], (bool, np.bool_)):
-            raise ValueError(f"reuse_actors must be True or False, got {out['reuse_actors']!r}")
-        out["reuse_actors"] = bool(out["reuse_actors"])
+    for switch in ("reuse_actors", "direct_channel"):
+        if switch in out:
+            if not isinstance(out[switch], (bool, np.bool_)):
+                raise ValueError(f"{switch} must be True or False, got {out[switch]!r}")
+            out[switch] = bool(out[switch])
     timeout = out.get("visit_timeout")
     if timeout is not None:
         out["visit_timeout"] = check_positive_float(timeout, "visit_timeout")

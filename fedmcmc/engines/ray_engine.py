@@ -66,6 +66,18 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     ``ray.shutdown()`` and the end of the driver process. A local instance the run
     starts ends with it: nothing is kept. ``False``: every run starts and ends its own
     actors.
+``direct_channel``
+    Default (unset): on, unless Ray runs with TLS (``RAY_USE_TLS``). On: the driver's
+    broadcasts to every client (a Fed-PDMC event round,
+    a baseline's round, set-up questions) travel through one TCP connection per actor
+    (:mod:`fedmcmc.engines.channel`) instead of Ray actor calls, which cost Ray about a
+    millisecond of CPU each (docs/reference/speed.md). The actor listens on the address
+    Ray knows its node by (loopback for the local instance), on a port the system picks;
+    both ends authenticate with a secret of the run sent over Ray, and every frame carries
+    an HMAC-SHA256 tag. An actor whose channel cannot be opened (a firewall between nodes)
+    stays on actor calls with a :class:`ChannelWarning`. The channels are not encrypted, so
+    with Ray's TLS they stay off (``True`` is then refused). ``False``: actor calls only.
+    ``info["ray_direct_channels"]`` counts the actors reached directly.
 ``audit_messages``
     Keep the shape and dtype of every array a client sends in
     ``info["client_message_audit"]``.
@@ -91,12 +103,18 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import pickle
+import secrets
 import threading
+import time
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..callsite import user_stacklevel
+from .channel import SECRET_BYTES, ChannelClient, ChannelError, ChannelServer, wait_for_frames
+from .channel import dumps as channel_dumps
+from .channel import loads as channel_loads
 from .comm import ClientFailure, Pending, Transport
 from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this module's API
     LOOPBACK,
@@ -107,7 +125,7 @@ from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this modul
 
 __all__ = ["ray_session", "ray_transports", "RayTransport", "ClientHost", "LOOPBACK",
            "actor_groups", "UnauthenticatedClusterError", "release_idle_actors", "idle_actors",
-           "PlacementWarning", "placement_hint"]
+           "PlacementWarning", "placement_hint", "ChannelWarning", "direct_channel_wanted"]
 
 
 class ClientHost:
@@ -120,19 +138,49 @@ class ClientHost:
     """
 
     def __init__(self, specs: Sequence[tuple]):
+        # messages arrive as actor calls (Ray's thread) and through the direct channel (its
+        # thread): one at a time, in the order each path delivers them
+        self._lock = threading.RLock()
+        self._channel: Optional[ChannelServer] = None
         self.load(specs)
 
     def load(self, specs: Sequence[tuple]) -> int:
         """Host the endpoints ``specs`` describes (a reused actor's next run), dropping any
         it hosted before; returns how many were built."""
-        self.clients: Dict[int, Any] = {}
-        self.failed: Dict[int, BaseException] = {}
-        for client, cls, args in specs:
-            try:
-                self.clients[int(client)] = cls(*args)
-            except Exception as error:  # noqa: BLE001 - reported on the client's messages
-                self.failed[int(client)] = error
-        return len(self.clients)
+        with self._lock:
+            self.clients: Dict[int, Any] = {}
+            self.failed: Dict[int, BaseException] = {}
+            for client, cls, args in specs:
+                try:
+                    self.clients[int(client)] = cls(*args)
+                except Exception as error:  # noqa: BLE001 - reported on the client's messages
+                    self.failed[int(client)] = error
+            return len(self.clients)
+
+    def open_channel(self, secret: bytes) -> tuple:
+        """Listen for the driver's direct channel (:mod:`.channel`), authenticated by
+        ``secret``, on the address Ray knows this node by; returns ``(host, port)``. A
+        channel of an earlier run is closed first."""
+        self._close_channel()
+        host = _import_ray().util.get_node_ip_address()
+        self._channel = ChannelServer(host, secret, self._channel_request)
+        return self._channel.address
+
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def _channel_request(self, payload: bytes) -> bytes:
+        """A request of the direct channel: ``(method, [(client, args), ...])`` as
+        :meth:`dispatch_each` takes it; the replies likewise."""
+        method, calls = channel_loads(payload)
+        replies = self._dispatch_calls(method, calls)
+        try:
+            return channel_dumps(replies)
+        except Exception as error:  # noqa: BLE001 - each client's reply fails, not the actor
+            reason = f"its reply could not be pickled ({type(error).__name__}: {error})"
+            return channel_dumps([("error", reason)] * len(calls))
 
     def alive(self) -> bool:
         """An idle actor's answer to the next run that takes it from the pool."""
@@ -142,20 +190,23 @@ class ClientHost:
         """Drop every hosted endpoint and its data (the actor goes back to the idle pool);
         answered after every message sent before it, so an answer means the actor is alive
         and not busy."""
+        self._close_channel()
         self.load(())
         gc.collect()
         return True
 
     def dispatch(self, client: int, method: str, *args):
         """Deliver one message: ``method(*args)`` of client ``client``'s endpoint."""
-        endpoint = self.clients.get(client)
-        if endpoint is None:
-            error = self.failed.get(client)
-            if error is not None:
-                raise RuntimeError(f"client {client} failed to start: "
-                                   f"{type(error).__name__}: {error}") from error
-            raise RuntimeError(f"client {client} is not hosted here (stopped or never started)")
-        return getattr(endpoint, method)(*args)
+        with self._lock:
+            endpoint = self.clients.get(client)
+            if endpoint is None:
+                error = self.failed.get(client)
+                if error is not None:
+                    raise RuntimeError(f"client {client} failed to start: "
+                                       f"{type(error).__name__}: {error}") from error
+                raise RuntimeError(f"client {client} is not hosted here "
+                                   "(stopped or never started)")
+            return getattr(endpoint, method)(*args)
 
     def deliver(self, message: Any) -> Any:
         """:meth:`dispatch` of ``message``, ``(client, method, args)`` packed by :func:`packed`,
@@ -177,17 +228,21 @@ class ClientHost:
         holding ``(client, args)`` each: one actor call for what are several messages.
         Replies, packed likewise, ``("ok", value)`` or ``("error", reason)`` per client, in
         order: one client's failure is its own."""
+        return packed(self._dispatch_calls(method, unpacked(calls)))
+
+    def _dispatch_calls(self, method: str, calls: Sequence[tuple]) -> List[tuple]:
         replies = []
-        for client, args in unpacked(calls):
+        for client, args in calls:
             try:
                 replies.append(("ok", self.dispatch(client, method, *args)))
             except Exception as error:  # noqa: BLE001 - reported as that client's failure
                 replies.append(("error", f"{type(error).__name__}: {error}"))
-        return packed(replies)
+        return replies
 
     def stop(self, client: int) -> None:
         """Drop client ``client``'s endpoint (and its data) from this actor."""
-        self.clients.pop(client, None)
+        with self._lock:
+            self.clients.pop(client, None)
 
 
 class _IdleActors:
@@ -285,6 +340,18 @@ def _answered(ray, refs: List[Any]) -> List[bool]:
     return answers
 
 
+def _died(ray, actor) -> bool:
+    """Whether ``actor`` has died (an actor still busy after :data:`UNLOAD_TIMEOUT` has not)."""
+    ref = actor.alive.remote()
+    try:
+        if not ray.wait([ref], timeout=UNLOAD_TIMEOUT)[0]:
+            return False
+        ray.get(ref, timeout=0)
+    except Exception:  # noqa: BLE001 - its actor died (or Ray stopped)
+        return True
+    return False
+
+
 def release_idle_actors() -> int:
     """Kill the client actors ``engine="ray"`` keeps between runs (option ``reuse_actors``)
     on the Ray instance this process is connected to; returns how many it killed. They also
@@ -307,8 +374,24 @@ class _Batch:
         self.ref, self.values = ref, None
 
 
+class _DirectBatch:
+    """The reply of one request on an actor's direct channel (:mod:`.channel`): read by
+    whichever wait receives it, ``values`` (a ``(status, value)`` per client) or the
+    ``failure`` of the channel."""
+
+    __slots__ = ("actor", "values", "failure")
+
+    def __init__(self, actor: int):
+        self.actor, self.values, self.failure = actor, None, None
+
+    @property
+    def done(self) -> bool:
+        return self.values is not None or self.failure is not None
+
+
 class _Part:
-    """A :class:`~fedmcmc.engines.comm.Pending`'s handle: one client's place in a batch."""
+    """A :class:`~fedmcmc.engines.comm.Pending`'s handle: one client's place in a batch (a
+    :class:`_Batch` of an actor call or a :class:`_DirectBatch`)."""
 
     __slots__ = ("batch", "position")
 
@@ -345,6 +428,15 @@ def unpacked(message: Any) -> Any:
 
 def _object_ref(handle):
     return handle.batch.ref if isinstance(handle, _Part) else handle
+
+
+def _is_direct(handle) -> bool:
+    return isinstance(handle, _Part) and isinstance(handle.batch, _DirectBatch)
+
+
+class ChannelWarning(UserWarning):
+    """A direct channel to a client actor could not be opened: that actor's messages go as
+    Ray actor calls (the same messages and draws, more time per round)."""
 
 
 def actor_groups(num_clients: int, clients_per_actor, resources: Optional[Sequence[dict]],
@@ -408,17 +500,46 @@ def placement_hint(num_actors: int, cluster_cpus: float, clients_per_actor,
             f"per client and silence this warning")
 
 
+def ray_uses_tls() -> bool:
+    """Whether this process runs Ray with TLS (``RAY_USE_TLS``, read as Ray reads it)."""
+    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true")
+
+
+def direct_channel_wanted(option: Optional[bool]) -> bool:
+    """The engine option ``direct_channel``: ``None`` (default) is on unless Ray runs with TLS
+    (the channels are authenticated, not encrypted: with TLS the broadcasts stay Ray calls,
+    encrypted as the user asked); ``True`` with TLS is refused."""
+    if option is None:
+        return not ray_uses_tls()
+    if option and ray_uses_tls():
+        raise ValueError("direct_channel=True: Ray runs with TLS (RAY_USE_TLS) and the direct "
+                         "channels are authenticated but not encrypted; leave direct_channel "
+                         "unset (then the broadcasts go as Ray's encrypted actor calls)")
+    return bool(option)
+
+
 class RayTransport(Transport):
-    """Client endpoints in Ray actors (:class:`ClientHost`); messages are actor calls.
+    """Client endpoints in Ray actors (:class:`ClientHost`); messages are actor calls, and
+    broadcasts go through direct channels.
 
     ``specs``: one ``(endpoint_class, args)`` per client; ``groups``: the clients of each
     actor (:func:`actor_groups`; default one actor per client); ``resources``: one dict of
     Ray resources per client; ``num_cpus``: CPUs reserved per client.
+
+    ``direct_channel`` (default True): the messages of :meth:`call_each` (a broadcast to
+    every client: a Fed-PDMC or baseline round, set-up questions) go through one
+    authenticated socket per actor (:mod:`.channel`) once the actor has opened it, rather
+    than as actor calls; everything else stays an actor call. An actor with an actor call
+    still running gets its broadcast as an actor call too, so each actor answers the
+    driver's messages in the order they were sent. A channel that cannot be opened (a
+    firewall between nodes) leaves that actor on actor calls, with a :class:`ChannelWarning`
+    and ``info["ray_channel_failures"]``.
     """
 
     def __init__(self, specs: Sequence[tuple], *, resources: Optional[Sequence[dict]] = None,
                  num_cpus: float = 0, audit: bool = False,
-                 groups: Optional[Sequence[Sequence[int]]] = None, reuse: bool = False):
+                 groups: Optional[Sequence[Sequence[int]]] = None, reuse: bool = False,
+                 direct_channel: bool = True):
         super().__init__(len(specs), audit)
         ray = _import_ray()
         self._ray = ray
@@ -454,6 +575,15 @@ class RayTransport(Transport):
             self.actors[index] = ray.remote(ClientHost).options(**options).remote(hosted)
         self.reused_actors = self._host_on_idle_actors(reused)
         self._dead = set()
+        # direct channels, by actor: asked for with the first broadcast to the actor (a run
+        # that only relays, DULA's, opens none); the open_channel call's reference until the
+        # driver connects, then the ChannelClient; None: actor calls only
+        self._direct_channel = bool(direct_channel)
+        self._secret = secrets.token_bytes(SECRET_BYTES) if direct_channel else b""
+        self._direct: Dict[int, Any] = {}
+        self._direct_waiting: Dict[int, Dict[int, _DirectBatch]] = {}  # by sequence number
+        self._last_ray_call: Dict[int, Any] = {}  # actor -> its last actor call's reference
+        self.channel_failures: List[Dict[str, Any]] = []
 
     def _host_on_idle_actors(self, reused: List[tuple]) -> int:
         """Load the clients of ``reused`` (``(index, actor, options, hosted)``) into the idle
@@ -488,17 +618,135 @@ class RayTransport(Transport):
         if hint is not None:
             warnings.warn(hint, PlacementWarning, stacklevel=user_stacklevel())
         return cls(specs, resources=resources, num_cpus=options.get("client_num_cpus", 0),
-                   groups=groups, reuse=options.get("reuse_actors", False))
+                   groups=groups, reuse=options.get("reuse_actors", False),
+                   direct_channel=direct_channel_wanted(options.get("direct_channel")))
 
     def placement(self) -> Dict[str, Any]:
         """``ray_actors``: the clients each actor hosts; ``ray_actors_reused``: how many of
-        those actors an earlier run had started (``reuse_actors``)."""
-        return {"ray_actors": [list(group) for group in self.groups],
-                "ray_actors_reused": self.reused_actors}
+        those actors an earlier run had started (``reuse_actors``); ``ray_direct_channels``:
+        how many actors the driver reached by a direct channel; ``ray_channel_failures``
+        (only if any): the actors whose channel could not be opened, and why."""
+        out = {"ray_actors": [list(group) for group in self.groups],
+               "ray_actors_reused": self.reused_actors}
+        if self._direct or self.channel_failures:
+            out["ray_direct_channels"] = sum(isinstance(c, ChannelClient)
+                                             for c in self._direct.values())
+        if self.channel_failures:
+            out["ray_channel_failures"] = list(self.channel_failures)
+        return out
+
+    # -- direct channels
+    def _channel_of(self, actor: int) -> Optional[ChannelClient]:
+        """Actor ``actor``'s open direct channel, connecting to it once the actor has
+        answered ``open_channel``; None while it has not (the first call asks it to), or
+        without a channel."""
+        if actor not in self._direct:
+            # answered after the actor's construction and before this broadcast, which goes
+            # as an actor call: the next finds the channel open
+            self._direct[actor] = self.actors[actor].open_channel.remote(self._secret)
+            return None
+        state = self._direct.get(actor)
+        if state is None or isinstance(state, ChannelClient):
+            return state if state is not None and state.closed is None else None
+        ray = self._ray
+        if not ray.wait([state], timeout=0)[0]:
+            return None
+        try:
+            address = ray.get(state, timeout=60)
+        except Exception:  # noqa: BLE001 - the actor died: its messages fail as actor calls
+            self._direct[actor] = None
+            return None
+        try:
+            channel = ChannelClient(address, self._secret)
+        except (OSError, ChannelError) as error:
+            self._direct[actor] = None
+            reason = f"{type(error).__name__}: {error}"
+            self.channel_failures.append({"actor": actor, "address": list(address),
+                                          "reason": reason})
+            if _died(ray, self.actors[actor]):
+                return None  # not the channel's fault: its messages fail as actor calls
+            warnings.warn(f"engine='ray': the direct channel to the actor of clients "
+                          f"{self.groups[actor]} at {address[0]}:{address[1]} could not be "
+                          f"opened ({reason}); its messages go as Ray actor calls (the same "
+                          f"draws, more time per round). Pass direct_channel=False to use "
+                          f"actor calls only", ChannelWarning, stacklevel=2)
+            return None
+        self._direct[actor] = channel
+        return channel
+
+    def _ray_quiet(self, actor: int) -> bool:
+        """Whether every actor call sent to ``actor`` has ended (Ray runs one caller's calls
+        to an actor in order: the last one's end is all of theirs)."""
+        ref = self._last_ray_call.get(actor)
+        if ref is None:
+            return True
+        if self._ray.wait([ref], timeout=0)[0]:
+            del self._last_ray_call[actor]
+            return True
+        return False
+
+    def _send_direct(self, actor: int, method: str, calls: List[tuple]) -> Optional[_DirectBatch]:
+        """Send ``calls`` to ``actor`` through its channel, or None if it has no open channel,
+        an actor call to it is still running, or the message cannot be pickled."""
+        channel = self._channel_of(actor) if self._direct_channel else None
+        if channel is None or not self._ray_quiet(actor):
+            return None
+        try:
+            payload = channel_dumps((method, calls))
+        except Exception:  # noqa: BLE001 - Ray serializes it (an actor call)
+            return None
+        try:
+            sequence = channel.send(payload)
+        except ChannelError as error:
+            self._fail_direct(actor, error)
+            return None  # the actor call that replaces it reports what happened to the actor
+        batch = _DirectBatch(actor)
+        self._direct_waiting.setdefault(actor, {})[sequence] = batch
+        return batch
+
+    def _fail_direct(self, actor: int, error: BaseException) -> None:
+        """Actor ``actor``'s channel closed: its unanswered requests fail."""
+        reason = f"actor died (its channel closed: {error})"
+        for batch in self._direct_waiting.pop(actor, {}).values():
+            batch.failure = reason
+        channel = self._direct.get(actor)
+        if isinstance(channel, ChannelClient):
+            channel.close()
+
+    def _receive_direct(self, actors: List[int], timeout: Optional[float]) -> None:
+        """Wait up to ``timeout`` seconds for replies on the channels of ``actors`` and hand
+        each to its batch (a reply whose waiter gave up is dropped)."""
+        channels = [self._direct[actor] for actor in actors]
+        for position, frames in wait_for_frames(channels, timeout).items():
+            actor = actors[position]
+            if isinstance(frames, ChannelError):
+                self._fail_direct(actor, frames)
+                continue
+            waiting = self._direct_waiting.get(actor, {})
+            for sequence, payload in frames:
+                batch = waiting.pop(sequence, None)
+                if batch is not None:
+                    batch.values = channel_loads(payload)
+
+    def _wait_direct(self, pendings: List[Pending], timeout: Optional[float], every: bool):
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        batches = {id(p.handle.batch): p.handle.batch for p in pendings}
+        while True:
+            waiting = [b for b in batches.values() if not b.done]
+            if not waiting or (not every and len(waiting) < len(batches)):
+                break
+            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            self._receive_direct(sorted({b.actor for b in waiting}), left)
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+        ready = [p for p in pendings if p.handle.batch.done]
+        return ready, [p for p in pendings if not p.handle.batch.done]
 
     def _send(self, client: int, method: str, args) -> Any:
-        return self.actors[self.actor_of[client]].deliver.remote(
+        actor = self.actor_of[client]
+        ref = self._last_ray_call[actor] = self.actors[actor].deliver.remote(
             packed((client, method, tuple(args))))
+        return ref
 
     def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
         self.record("to_clients", client, method, args)
@@ -519,11 +767,17 @@ class RayTransport(Transport):
             else:
                 by_actor.setdefault(self.actor_of[client], []).append((client, args))
         for actor, calls in by_actor.items():
+            direct = self._send_direct(actor, method, calls)
+            if direct is not None:
+                for position, (client, _) in enumerate(calls):
+                    pendings[client] = Pending(client, method, _Part(direct, position))
+                continue
             if len(calls) == 1:
                 client, args = calls[0]
                 pendings[client] = Pending(client, method, self._send(client, method, args))
                 continue
             batch = _Batch(self.actors[actor].dispatch_each.remote(method, packed(calls)))
+            self._last_ray_call[actor] = batch.ref
             for position, (client, _) in enumerate(calls):
                 pendings[client] = Pending(client, method, _Part(batch, position))
         return [pendings[client] for client in clients]
@@ -536,8 +790,10 @@ class RayTransport(Transport):
         refs = [a.handle if isinstance(a, Pending) else a for a in args]
         replies = tuple(i for i, a in enumerate(args) if isinstance(a, Pending))  # packed
         # top-level arguments: Ray resolves an object reference only there
-        actor = self.actors[self.actor_of[client]]
-        return Pending(client, method, actor.relayed.remote(client, method, replies, *refs), tag)
+        actor = self.actor_of[client]
+        ref = self._last_ray_call[actor] = self.actors[actor].relayed.remote(
+            client, method, replies, *refs)
+        return Pending(client, method, ref, tag)
 
     def wait(self, pendings, timeout):
         return self._wait(pendings, timeout, every=False)
@@ -553,6 +809,24 @@ class RayTransport(Transport):
         live = [p for p in pendings if p.handle is not None]
         if dead or not live:
             return dead, live
+        direct = [p for p in live if _is_direct(p.handle)]
+        if not direct:
+            return self._wait_ray(live, timeout, every)
+        calls = [p for p in live if not _is_direct(p.handle)]
+        if not calls:
+            return self._wait_direct(direct, timeout, every)
+        # both kinds (an actor without a channel, or with an actor call running): poll both
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while True:
+            ready = self._wait_direct(direct, 0.0, False)[0] + self._wait_ray(calls, 0.0, False)[0]
+            now = time.perf_counter()
+            if ready or (deadline is not None and now >= deadline):
+                chosen = {id(p) for p in ready}
+                return ready, [p for p in live if id(p) not in chosen]
+            pause = 0.002 if deadline is None else min(0.002, deadline - now)
+            self._wait_direct(direct, pause, False)
+
+    def _wait_ray(self, live, timeout, every):
         by_ref: Dict[Any, List[Pending]] = {}
         for pending in live:  # the clients of one batch share its object reference
             by_ref.setdefault(_object_ref(pending.handle), []).append(pending)
@@ -577,6 +851,7 @@ class RayTransport(Transport):
                 value = self._part(handle, pending.client)
             else:
                 value = unpacked(ray.get(handle, timeout=60))
+                self._forget_ray_call(pending.client, handle)
         except ray.exceptions.RayActorError as error:
             raise ClientFailure(pending.client, f"actor died ({type(error).__name__})") from None
         except ray.exceptions.RayError as error:
@@ -584,10 +859,22 @@ class RayTransport(Transport):
         self.record("from_clients", pending.client, pending.method, value)
         return value
 
+    def _forget_ray_call(self, client: int, ref) -> None:
+        """An actor call that has ended, read: no need to ask Ray whether it has."""
+        actor = self.actor_of[client]
+        if self._last_ray_call.get(actor) is ref:
+            del self._last_ray_call[actor]
+
     def _part(self, part: _Part, client: int) -> Any:
         batch = part.batch
-        if batch.values is None:
+        if isinstance(batch, _DirectBatch):
+            if not batch.done:  # a reply read without waiting: wait as ray.get does
+                self._wait_direct([Pending(client, "", part)], 60.0, True)
+            if batch.failure is not None or not batch.done:
+                raise ClientFailure(client, batch.failure or "no answer within 60 s")
+        elif batch.values is None:
             batch.values = unpacked(self._ray.get(batch.ref, timeout=60))
+            self._forget_ray_call(client, batch.ref)
         status, value = batch.values[part.position]
         if status == "error":
             raise ClientFailure(client, value)
@@ -602,6 +889,7 @@ class RayTransport(Transport):
         self._dead.add(client)
         actor = self.actors[self.actor_of[client]]
         if all(c in self._dead for c in self.groups[self.actor_of[client]]):
+            self._fail_direct(self.actor_of[client], ChannelError("the actor was ended"))
             _end_actor(self._ray, actor)
             return
         try:
@@ -612,6 +900,9 @@ class RayTransport(Transport):
     def close(self) -> None:
         """End the run's actors, or with ``reuse`` keep for the next run those whose clients
         all lived and that answer :meth:`ClientHost.unload` within :data:`UNLOAD_TIMEOUT`."""
+        for actor in list(self._direct):
+            self._fail_direct(actor, ChannelError("the run ended"))
+        self._last_ray_call.clear()
         kept = set()
         if self._reuse:
             candidates = [a for a in range(len(self.actors))

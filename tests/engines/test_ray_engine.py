@@ -598,6 +598,8 @@ def test_fed_zigzag_on_ray_identical_to_in_process_and_exact(zigzag_runs):
     ok, figures = trajectory_check(on_ray.info, mean, cov, on_ray.flat_samples())
     assert ok, figures
     assert on_ray.info["engine"] == "ray" and len(on_ray.info["client_locations"]) == 4
+    # the event rounds went through the actors' direct channels (test_ray_channel.py)
+    assert on_ray.info["ray_direct_channels"] == 4
 
 
 def test_fed_pdmp_worker_messages_are_parameter_sized(zigzag_runs):

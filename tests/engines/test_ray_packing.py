@@ -170,9 +170,13 @@ def test_fed_zigzag_and_dula_run_packed(local_ray):
         run = dict(init=jnp.zeros(DIM), num_samples=20, burn_in=0, seed=3)
         run.update(kwargs)
         local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **run)
+        # the broadcasts as batched actor calls (direct_channel=False; with the channels, the
+        # default, in test_ray_engine.py's Fed Zig-Zag run): the same draws
         on_ray = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
-                           visit_timeout=TIMEOUT, clients_per_actor=3, **run)
+                           visit_timeout=TIMEOUT, clients_per_actor=3, direct_channel=False,
+                           **run)
         assert on_ray.info["ray_actors"] == [[0, 1], [2, 3]]
+        assert "ray_direct_channels" not in on_ray.info
         np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0,
                                    atol=1e-4)
 
@@ -212,7 +216,7 @@ def test_call_each_sends_one_actor_call_per_actor_and_keeps_failures_per_client(
     counted, each client's reply (or failure) is its own; a stopped client of a shared actor
     fails alone."""
     from fedmcmc.engines.comm import ClientEndpoint, collect
-    from fedmcmc.engines.ray_engine import RayTransport
+    from fedmcmc.engines.ray_engine import RayTransport, _is_direct
 
     rows = [np.full((n, 2), float(s), np.float32) for s, n in enumerate((3, 4, 5, 6))]
     sources = [functools.partial(np.asarray, r) for r in rows]
@@ -229,11 +233,15 @@ def test_call_each_sends_one_actor_call_per_actor_and_keeps_failures_per_client(
         assert transport.counts == {"to_clients": 4, "from_clients": 3}
 
         transport.kill(2)  # client 2 stops; its actor goes on serving client 0
-        values, failures = collect(
-            transport, transport.call_each([0, 2, 3], "describe", lambda client: ()), TIMEOUT)
+        pendings = transport.call_each([0, 2, 3], "describe", lambda client: ())
+        # the actors have opened their direct channels by now: one request per actor there
+        assert len({id(p.handle.batch) for p in pendings if p.handle is not None}) == 2
+        assert all(_is_direct(p.handle) for p in pendings if p.handle is not None)
+        values, failures = collect(transport, pendings, TIMEOUT)
         assert [v.size for v in (values[0], values[2])] == [3, 6] and values[1] is None  # rows
         assert [p.client for p, _ in failures] == [2]
-        assert transport.placement() == {"ray_actors": [[0, 1, 2], [3]], "ray_actors_reused": 0}
+        assert transport.placement() == {"ray_actors": [[0, 1, 2], [3]], "ray_actors_reused": 0,
+                                         "ray_direct_channels": 2}
     finally:
         transport.close()
 

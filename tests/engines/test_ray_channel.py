@@ -1,0 +1,177 @@
+"""The Ray transport's direct channels (``direct_channel``, ``fedmcmc.engines.channel``):
+the driver's broadcasts (``call_each``) go through one authenticated socket per actor once
+the actor has opened it; everything else stays an actor call.
+
+What must hold: the same replies and draws as actor calls; each actor answers the driver's
+messages in the order they were sent (a broadcast to an actor with an actor call still
+running goes as an actor call behind it); a dead actor fails its clients' messages, not the
+run's wait; a channel that cannot be opened leaves its actor on actor calls, with a warning
+and a record in ``info``; the actors listen on loopback here.
+
+Every test binds loopback only and shuts Ray down (the module fixture ``local_ray``)."""
+
+import functools
+import os
+import time
+
+import numpy as np
+import pytest
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+import fedmcmc as fm  # noqa: E402
+from fedmcmc.engines.comm import ClientEndpoint, collect  # noqa: E402
+
+from toy_problems import DIM, GAUSSIAN_MODEL, gaussian_federation  # noqa: E402
+
+TIMEOUT = 120.0  # seconds any one message may take: bounds every run
+SOURCE = functools.partial(np.zeros, (2, 1), np.float32)
+
+
+def logbook_class():
+    """An endpoint that keeps the messages it answered, in order (a class made in a function:
+    Ray ships it by value; a test module's class would be imported by name in the actor)."""
+
+    class Logbook(ClientEndpoint):
+        def __init__(self, index, source):
+            super().__init__(index, source)
+            self.log = []
+
+        def nap(self, seconds, word):
+            time.sleep(seconds)
+            self.log.append(word)
+            return list(self.log)
+
+        def note(self, word):
+            self.log.append(word)
+            return list(self.log)
+
+    return Logbook
+
+
+def _kinds(pendings):
+    from fedmcmc.engines.ray_engine import _is_direct
+
+    return ["direct" if _is_direct(p.handle) else "call" for p in pendings]
+
+
+def _opened(transport, clients):
+    """A broadcast collected (the actors answer open_channel before it), so the next one
+    goes through the channels."""
+    values, failures = collect(transport, transport.call_each(clients, "ping", lambda c: ()),
+                               TIMEOUT)
+    assert failures == []
+
+
+def test_broadcasts_go_direct_and_wait_behind_a_running_actor_call(local_ray):
+    from fedmcmc.engines.ray_engine import RayTransport
+
+    transport = RayTransport([(logbook_class(), (s, SOURCE)) for s in range(3)], groups=[[0, 1], [2]])
+    try:
+        _opened(transport, [0, 1, 2])
+        pendings = transport.call_each([0, 1, 2], "note", lambda c: (f"first {c}",))
+        assert _kinds(pendings) == ["direct"] * 3
+        values, failures = collect(transport, pendings, TIMEOUT)
+        assert failures == [] and values == [["first 0"], ["first 1"], ["first 2"]]
+        # the actor of clients 0 and 1 has two actor calls queued: the broadcast goes as an
+        # actor call behind them and sees both; client 2's actor is free: direct
+        napping = transport.call(0, "nap", 0.5, "nap")
+        queued = transport.call(1, "note", "queued")
+        pendings = transport.call_each([0, 1, 2], "note", lambda c: ("broadcast",))
+        assert _kinds(pendings) == ["call", "call", "direct"]
+        values, failures = collect(transport, pendings, TIMEOUT)
+        assert failures == []
+        assert values == [["first 0", "nap", "broadcast"], ["first 1", "queued", "broadcast"],
+                          ["first 2", "broadcast"]]
+        assert transport.result(napping)[-1] == "nap" and transport.result(queued)[-1] == "queued"
+        # once they are done, broadcasts go direct again
+        pendings = transport.call_each([0, 1, 2], "note", lambda c: ("again",))
+        assert _kinds(pendings) == ["direct"] * 3
+        assert collect(transport, pendings, TIMEOUT)[1] == []
+        placement = transport.placement()
+        assert placement["ray_direct_channels"] == 2 and "ray_channel_failures" not in placement
+        # the actors listen on the address Ray knows their node by: loopback here
+        for channel in transport._direct.values():
+            assert channel.address[0] == "127.0.0.1"
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize("connected", [True, False], ids=["channel-open", "before-connecting"])
+def test_a_dead_actor_fails_its_clients_and_the_others_answer(local_ray, connected):
+    """Its channel's end (or, when it died before the driver connected, the actor call that
+    replaces the broadcast) reports it; no ChannelWarning: the channel is not at fault."""
+    import warnings
+
+    ray = local_ray
+    from fedmcmc.engines.ray_engine import ChannelWarning, RayTransport
+
+    transport = RayTransport([(logbook_class(), (s, SOURCE)) for s in range(3)])
+    try:
+        _opened(transport, [0, 1, 2])
+        if connected:
+            _opened(transport, [0, 1, 2])
+            assert transport.placement()["ray_direct_channels"] == 3
+        ray.kill(transport.actors[1], no_restart=True)  # not through the transport: a crash
+        time.sleep(1.0)
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ChannelWarning)
+            pendings = transport.call_each([0, 1, 2], "note", lambda c: ("after",))
+            values, failures = collect(transport, pendings, TIMEOUT)
+        assert time.perf_counter() - started < TIMEOUT / 2  # reported, not timed out
+        assert values[0] == ["after"] and values[2] == ["after"] and values[1] is None
+        assert [(p.client, reason.startswith("actor died")) for p, reason in failures] == \
+            [(1, True)]
+    finally:
+        transport.close()
+
+
+def test_a_channel_that_cannot_be_opened_leaves_actor_calls_and_says_so(local_ray,
+                                                                       monkeypatch):
+    from fedmcmc.engines import ray_engine
+    from fedmcmc.engines.ray_engine import ChannelWarning, RayTransport
+
+    class Firewalled:
+        def __init__(self, address, secret, timeout=None):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(ray_engine, "ChannelClient", Firewalled)
+    transport = RayTransport([(logbook_class(), (s, SOURCE)) for s in range(2)])
+    try:
+        _opened(transport, [0, 1])
+        with pytest.warns(ChannelWarning, match="could not be opened"):
+            pendings = transport.call_each([0, 1], "note", lambda c: ("hello",))
+        assert _kinds(pendings) == ["call", "call"]
+        values, failures = collect(transport, pendings, TIMEOUT)
+        assert failures == [] and values == [["hello"], ["hello"]]
+        placement = transport.placement()
+        assert placement["ray_direct_channels"] == 0
+        assert [f["actor"] for f in placement["ray_channel_failures"]] == [0, 1]
+        assert all("ConnectionRefusedError" in f["reason"]
+                   for f in placement["ray_channel_failures"])
+    finally:
+        transport.close()
+
+
+def test_the_option_is_checked():
+    algorithm = fm.FedZigZag(sample_interval=0.5)
+    federation = gaussian_federation(seed=2, sizes=(15, 25, 40))
+    for engine, bad in (("ray", "yes"), ("local", True)):
+        with pytest.raises(ValueError, match="direct_channel"):
+            fm.sample(GAUSSIAN_MODEL, federation, algorithm, init=np.zeros(DIM, np.float32),
+                      num_samples=5, engine=engine, direct_channel=bad)
+
+
+def test_with_ray_tls_the_channels_stay_off(monkeypatch):
+    """The channels are authenticated, not encrypted: under Ray's TLS the broadcasts stay
+    encrypted actor calls, and asking for the channels is refused."""
+    from fedmcmc.engines.ray_engine import direct_channel_wanted
+
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    assert direct_channel_wanted(None) and direct_channel_wanted(True)
+    assert not direct_channel_wanted(False)
+    monkeypatch.setenv("RAY_USE_TLS", "1")
+    assert not direct_channel_wanted(None) and not direct_channel_wanted(False)
+    with pytest.raises(ValueError, match="direct_channel=True.*TLS"):
+        direct_channel_wanted(True)
