@@ -40,7 +40,10 @@ of their proposals (with one chain, ``info["event_iterations"]`` = ``info
                     transport ``fm.sample(..., engine="ray")`` builds; called through
                     ``_FedPDMP._sample_distributed`` like ``inprocess`` so that the
                     ``on_chunk`` timer below is called, which ``fm.sample`` does not pass on
-                    to the Ray engine).
+                    to the Ray engine). Its broadcasts travel through the actors' direct
+                    channels (``fedmcmc.engines.channel``), the engine's default; a line
+                    under each row gives the same run with actor calls only
+                    (``direct_channel=False``) and the ratio of the two.
 
 The last column is the Ray round's floor (``ray_round_floor``): as many bare actors, no JAX,
 answering a message of the same shape, sent the engine's way (ms per round), and the same
@@ -205,16 +208,18 @@ def _steady(marks):
 
 
 def pdmp_distributed(model, federation, draws, engine):
-    """Fed Zig-Zag over the broadcast protocol on the in-process transport or on Ray.
-    Returns a dict of figures and the result."""
+    """Fed Zig-Zag over the broadcast protocol on the in-process transport (``engine``
+    "inprocess"), on Ray with the engine's default direct channels ("ray") or on Ray with
+    actor calls only ("ray-calls", ``direct_channel=False``). Returns a dict of figures and
+    the result."""
     from fedmcmc.engines.ray_engine import RayTransport, ray_session
 
     algorithm = fm.FedZigZag(sample_interval=PDMP_INTERVAL)
     transports = []
 
     def make_transport(specs):
-        if engine == "ray":
-            transport = RayTransport(specs)
+        if engine in ("ray", "ray-calls"):
+            transport = RayTransport(specs, direct_channel=engine == "ray")
         else:
             transport = InProcessTransport([cls(*args) for cls, args in specs])
         transports.append(transport)
@@ -232,7 +237,7 @@ def pdmp_distributed(model, federation, draws, engine):
     options = {"on_client_failure": "stop", "visit_timeout": 600.0, "chunk_size": 1,
                "on_draws": on_draws}
     started = time.perf_counter()
-    with ray_session() if engine == "ray" else contextlib.nullcontext(), \
+    with ray_session() if engine != "inprocess" else contextlib.nullcontext(), \
             jax.enable_x64(True):
         # what fm.sample(model, federation, algorithm, engine=engine, chains=1, ...) runs
         result = algorithm._sample_distributed(
@@ -354,6 +359,7 @@ def bench_pdmp(clients, draws, local_rounds, floor_cpu_load: int = 0):
         local_draws = max(50, int(math.ceil(local_rounds / inproc["rounds_per_draw"])))
         local, r_local = pdmp_local(model, federation, local_draws)
         on_ray, r_ray = pdmp_distributed(model, federation, draws, "ray")
+        calls, r_calls = pdmp_distributed(model, federation, draws, "ray-calls")
         floor_calls, floor_graph = ray_round_floor(num_workers)
         same = bool(np.allclose(np.asarray(r_in.samples), np.asarray(r_ray.samples),
                                 rtol=1e-6, atol=1e-8))
@@ -370,6 +376,11 @@ def bench_pdmp(clients, draws, local_rounds, floor_cpu_load: int = 0):
         print(f"{'':>7} same draws: inprocess = ray {same}, inprocess = local {same_local}; "
               f"bytes/round in-process {inproc['bytes']:.0f} ({inproc['steady_bytes']:.0f})",
               flush=True)
+        same_calls = bool(np.array_equal(np.asarray(r_ray.samples), np.asarray(r_calls.samples)))
+        print(f"{'':>7} ray with actor calls only (direct_channel=False): "
+              f"{calls['round'] * 1e3:.2f} ms per round, {calls['round'] / on_ray['round']:.2f}x "
+              f"the direct channels' {on_ray['round'] * 1e3:.2f} ms; start-up "
+              f"{calls['startup']:.0f} s; same draws {same_calls}", flush=True)
         if floor_cpu_load:
             with busy_processes(floor_cpu_load):
                 loaded_calls, loaded_graph = ray_round_floor(num_workers)
