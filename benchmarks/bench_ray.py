@@ -11,7 +11,8 @@ measured in the same run on a local loopback Ray instance:
 * ``handoff``    -- the hand-off protocol over the in-process transport (client
                     objects in this process, same messages as on Ray, no Ray);
 * ``ray``        -- the hand-off protocol with one Ray actor per client, ``chains``
-                    chains in flight at once.
+                    chains in flight at once (visits through the actors' direct
+                    channels, the default; a line under each row: actor calls only).
 
 Per-round latency = wall time of the sampling loop (setup -- actor start, surrogate
 fit, compilation -- excluded and printed separately) / rounds completed, for 4 and 16
@@ -149,12 +150,15 @@ def local_round_seconds(model, federation, algorithm, chains, repeats=20):
 
 
 def protocol_round_seconds(model, federation, algorithm, chains, rounds, engine):
-    """(per-round seconds, setup seconds, info) of the hand-off protocol."""
+    """(per-round seconds, setup seconds, info) of the hand-off protocol; ``engine`` "ray"
+    (direct channels, the default), "ray-calls" (``direct_channel=False``) or "handoff" (the
+    in-process transport)."""
     kw = dict(init=jnp.zeros(DIM), num_samples=rounds * algorithm.local_steps, burn_in=0,
               thin=1, chains=chains, seed=0)
     started = time.perf_counter()
-    if engine == "ray":
-        result = fm.sample(model, federation, algorithm, engine="ray", visit_timeout=600, **kw)
+    if engine in ("ray", "ray-calls"):
+        result = fm.sample(model, federation, algorithm, engine="ray", visit_timeout=600,
+                           direct_channel=engine == "ray", **kw)
     else:
         result = sample_handoff(
             algorithm.handoff_protocol(), model, federation,
@@ -508,6 +512,11 @@ def main():
             print(f"{num_clients:>7} {local * 1e3:>9.3f} {handoff * 1e3:>11.3f} "
                   f"{on_ray * 1e3:>8.3f} {on_ray / local:>10.0f} {on_ray / handoff:>12.2f} "
                   f"{setup:>12.1f} {per_round_bytes:>8.0f}", flush=True)
+            calls, _, _ = protocol_round_seconds(
+                model, federation, algorithm, chains, rounds, "ray-calls")
+            print(f"{'':>7} ray with actor calls only (direct_channel=False): "
+                  f"{calls * 1e3:.3f} ms per round, {calls / on_ray:.2f}x the direct "
+                  "channels'", flush=True)
         if not args.skip_neighbour:
             iterations = 50 if args.quick else 200
             print(f"\nDULA neighbour exchange (ring, full-batch gradients), {chains} chains, "

@@ -47,6 +47,9 @@ MAX_FRAME_BYTES = 1 << 30
 _TO_ACTOR, _TO_DRIVER = b"to actor", b"to driver"
 #: seconds each side gives the other to complete the handshake
 HANDSHAKE_TIMEOUT = 10.0
+#: seconds the driver waits for an actor to take a request's bytes (an actor reads its next
+#: request once it has answered the last): beyond it the channel is closed as failed
+SEND_TIMEOUT = 120.0
 
 
 class ChannelError(ConnectionError):
@@ -175,7 +178,8 @@ class ChannelServer:
         if len(secret) != SECRET_BYTES:
             raise ValueError(f"secret must be {SECRET_BYTES} bytes, got {len(secret)}")
         self._secret, self._handle = secret, handle
-        self._listener = socket.create_server((host, 0))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family)
         self._listener.settimeout(accept_timeout)
         self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
         self._connection: Optional[socket.socket] = None
@@ -248,7 +252,9 @@ class ChannelClient:
             proof = _receive_exactly(sock, _TAG_BYTES)
             if not hmac.compare_digest(proof, _prove(secret, b"actor", nonces)):
                 raise ChannelError("the actor's proof failed")
-            sock.settimeout(None)
+            # sending never blocks the driver for ever on an actor that stopped reading
+            # (receiving waits in select, which has its own timeout)
+            sock.settimeout(SEND_TIMEOUT)
         except BaseException:
             _close_socket(sock)
             raise

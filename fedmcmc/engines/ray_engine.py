@@ -68,10 +68,11 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     actors.
 ``direct_channel``
     Default (unset): on, unless Ray runs with TLS (``RAY_USE_TLS``). On: the driver's
-    broadcasts to every client (a Fed-PDMC event round,
-    a baseline's round, set-up questions) travel through one TCP connection per actor
+    messages to the clients (a Fed-PDMC event round, a baseline's round, a hand-off visit,
+    set-up questions) travel through one TCP connection per actor
     (:mod:`fedmcmc.engines.channel`) instead of Ray actor calls, which cost Ray about a
-    millisecond of CPU each (docs/reference/speed.md). The actor listens on the address
+    millisecond of CPU each (docs/reference/speed.md); messages relayed between actors
+    (DULA's) stay actor calls. The actor listens on the address
     Ray knows its node by (loopback for the local instance), on a port the system picks;
     both ends authenticate with a secret of the run sent over Ray, and every frame carries
     an HMAC-SHA256 tag. An actor whose channel cannot be opened (a firewall between nodes)
@@ -112,6 +113,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..callsite import user_stacklevel
+from . import channel as channel_module
 from .channel import SECRET_BYTES, ChannelClient, ChannelError, ChannelServer, wait_for_frames
 from .channel import dumps as channel_dumps
 from .channel import loads as channel_loads
@@ -526,12 +528,14 @@ class RayTransport(Transport):
     actor (:func:`actor_groups`; default one actor per client); ``resources``: one dict of
     Ray resources per client; ``num_cpus``: CPUs reserved per client.
 
-    ``direct_channel`` (default True): the messages of :meth:`call_each` (a broadcast to
-    every client: a Fed-PDMC or baseline round, set-up questions) go through one
-    authenticated socket per actor (:mod:`.channel`) once the actor has opened it, rather
-    than as actor calls; everything else stays an actor call. An actor with an actor call
-    still running gets its broadcast as an actor call too, so each actor answers the
-    driver's messages in the order they were sent. A channel that cannot be opened (a
+    ``direct_channel`` (default True): the messages of :meth:`call_each` and :meth:`call` (a
+    broadcast to every client: a Fed-PDMC or baseline round, set-up questions; a hand-off
+    visit) go through one authenticated socket per actor (:mod:`.channel`) once the actor
+    has opened it (asked for with the first message to it), rather than as actor calls;
+    relays between actors (DULA's neighbour messages) stay actor calls. Each actor answers
+    the driver's messages in the order they were sent: one with an actor call still running
+    gets the message as an actor call too, and an actor call waits for the actor's direct
+    requests to be answered before it is sent. A channel that cannot be opened (a
     firewall between nodes) leaves that actor on actor calls, with a :class:`ChannelWarning`
     and ``info["ray_channel_failures"]``.
     """
@@ -742,16 +746,41 @@ class RayTransport(Transport):
         ready = [p for p in pendings if p.handle.batch.done]
         return ready, [p for p in pendings if not p.handle.batch.done]
 
+    def _channel_quiet(self, actor: int) -> None:
+        """Before an actor call to ``actor``: wait until its direct requests are answered, so
+        that it sees the driver's messages in the order they were sent (DULA's gradient
+        terms, asked between two draws' relays). An actor that does not answer them within
+        :data:`~.channel.SEND_TIMEOUT` has its channel closed as failed."""
+        waiting = list(self._direct_waiting.get(actor, {}).values())
+        if not waiting:
+            return
+        deadline = time.perf_counter() + channel_module.SEND_TIMEOUT
+        while any(not batch.done for batch in waiting):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                self._fail_direct(actor, ChannelError(
+                    f"no answer within {channel_module.SEND_TIMEOUT:g} s before an actor call"))
+                return
+            self._receive_direct([actor], left)
+
     def _send(self, client: int, method: str, args) -> Any:
         actor = self.actor_of[client]
+        self._channel_quiet(actor)
         ref = self._last_ray_call[actor] = self.actors[actor].deliver.remote(
             packed((client, method, tuple(args))))
         return ref
 
     def call(self, client: int, method: str, *args, tag: Any = None) -> Pending:
+        """One message: through the client's actor's direct channel when it has one open
+        and no actor call to it is running (a hand-off visit, a set-up question), else an
+        actor call."""
         self.record("to_clients", client, method, args)
-        handle = None if client in self._dead else self._send(client, method, args)
-        return Pending(client, method, handle, tag)
+        if client in self._dead:
+            return Pending(client, method, None, tag)
+        direct = self._send_direct(self.actor_of[client], method, [(client, tuple(args))])
+        if direct is not None:
+            return Pending(client, method, _Part(direct, 0), tag)
+        return Pending(client, method, self._send(client, method, args), tag)
 
     def call_each(self, clients, method, args_of):
         """One message per client, counted as such; the messages to clients of the same
@@ -776,6 +805,7 @@ class RayTransport(Transport):
                 client, args = calls[0]
                 pendings[client] = Pending(client, method, self._send(client, method, args))
                 continue
+            self._channel_quiet(actor)
             batch = _Batch(self.actors[actor].dispatch_each.remote(method, packed(calls)))
             self._last_ray_call[actor] = batch.ref
             for position, (client, _) in enumerate(calls):
@@ -785,12 +815,25 @@ class RayTransport(Transport):
     def relay(self, client: int, method: str, *args, tag: Any = None) -> Pending:
         if client in self._dead:
             return Pending(client, method, None, tag)
+        # a reply that came through a direct channel is here already: it goes as a value (a
+        # failed one fails this call too, naming its cause)
+        args = list(args)
+        for position, arg in enumerate(args):
+            if isinstance(arg, Pending) and _is_direct(arg.handle):
+                try:
+                    args[position] = self._part(arg.handle, arg.client)
+                except ClientFailure as failure:
+                    failed = _DirectBatch(self.actor_of[client])
+                    failed.failure = (f"its argument from client {failure.client} failed: "
+                                      f"{failure.reason}")
+                    return Pending(client, method, _Part(failed, 0), tag)
         # a Pending argument travels as its object reference: Ray hands the value to this
         # actor from the actor that computed it
         refs = [a.handle if isinstance(a, Pending) else a for a in args]
         replies = tuple(i for i, a in enumerate(args) if isinstance(a, Pending))  # packed
         # top-level arguments: Ray resolves an object reference only there
         actor = self.actor_of[client]
+        self._channel_quiet(actor)
         ref = self._last_ray_call[actor] = self.actors[actor].relayed.remote(
             client, method, replies, *refs)
         return Pending(client, method, ref, tag)

@@ -198,3 +198,28 @@ def test_a_closed_server_is_reported_to_the_waiting_driver():
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="secret"):
         ChannelServer(LOOPBACK, b"short", doubling)
+
+
+def test_sending_to_an_actor_that_stopped_reading_times_out(monkeypatch):
+    """The driver never blocks for ever on a stuck actor: a request whose bytes the actor
+    does not take within SEND_TIMEOUT closes the channel as failed."""
+    monkeypatch.setattr(ch, "SEND_TIMEOUT", 1.0)
+    release = threading.Event()
+
+    def stuck(payload):
+        release.wait(30)
+        return b""
+
+    server = ChannelServer(LOOPBACK, SECRET, stuck)
+    client = ChannelClient(server.address, SECRET)
+    try:
+        client.send(b"x")  # taken, then the actor is stuck in it
+        started = time.monotonic()
+        with pytest.raises(ChannelError, match="sending failed"):
+            client.send(bytes(64 << 20))  # more than the socket buffers hold
+        assert time.monotonic() - started < 20
+        assert client.closed is not None
+    finally:
+        release.set()
+        client.close()
+        server.close()

@@ -1,6 +1,6 @@
 """The Ray transport's direct channels (``direct_channel``, ``fedmcmc.engines.channel``):
-the driver's broadcasts (``call_each``) go through one authenticated socket per actor once
-the actor has opened it; everything else stays an actor call.
+the driver's messages (``call_each``, ``call``) go through one authenticated socket per actor
+once the actor has opened it; relays between actors stay actor calls.
 
 What must hold: the same replies and draws as actor calls; each actor answers the driver's
 messages in the order they were sent (a broadcast to an actor with an actor call still
@@ -46,6 +46,9 @@ def logbook_class():
             self.log.append(word)
             return list(self.log)
 
+        def fail(self):
+            raise RuntimeError(f"client {self.index} refuses")
+
     return Logbook
 
 
@@ -73,10 +76,12 @@ def test_broadcasts_go_direct_and_wait_behind_a_running_actor_call(local_ray):
         assert _kinds(pendings) == ["direct"] * 3
         values, failures = collect(transport, pendings, TIMEOUT)
         assert failures == [] and values == [["first 0"], ["first 1"], ["first 2"]]
-        # the actor of clients 0 and 1 has two actor calls queued: the broadcast goes as an
-        # actor call behind them and sees both; client 2's actor is free: direct
-        napping = transport.call(0, "nap", 0.5, "nap")
-        queued = transport.call(1, "note", "queued")
+        # the actor of clients 0 and 1 has two actor calls queued (relays are actor calls):
+        # the broadcast goes as an actor call behind them and sees both; client 2's actor
+        # is free: direct
+        napping = transport.relay(0, "nap", 0.5, "nap")
+        queued = transport.relay(1, "note", "queued")
+        assert _kinds([napping, queued]) == ["call", "call"]
         pendings = transport.call_each([0, 1, 2], "note", lambda c: ("broadcast",))
         assert _kinds(pendings) == ["call", "call", "direct"]
         values, failures = collect(transport, pendings, TIMEOUT)
@@ -93,6 +98,39 @@ def test_broadcasts_go_direct_and_wait_behind_a_running_actor_call(local_ray):
         # the actors listen on the address Ray knows their node by: loopback here
         for channel in transport._direct.values():
             assert channel.address[0] == "127.0.0.1"
+    finally:
+        transport.close()
+
+
+def test_single_messages_go_direct_and_relays_take_their_replies_as_values(local_ray):
+    """``call`` (a hand-off visit) uses the channel too; an actor call sent while direct
+    requests are unanswered is answered after them; a relay (actor to actor) whose argument
+    is a reply that came through a channel gets its value, and fails, naming the cause, when
+    that reply is a failure."""
+    from fedmcmc.engines.comm import ClientFailure
+    from fedmcmc.engines.ray_engine import RayTransport
+
+    transport = RayTransport([(logbook_class(), (s, SOURCE)) for s in range(2)])
+    try:
+        _opened(transport, [0, 1])
+        first = transport.call(0, "note", "one", tag="chain 0")
+        second = transport.call(0, "note", "two", tag="chain 1")  # pipelined on one channel
+        assert _kinds([first, second]) == ["direct", "direct"] and first.tag == "chain 0"
+        # an actor call sent before those replies are read still comes after them
+        behind = transport.relay(0, "note", "relayed")
+        assert _kinds([behind]) == ["call"]
+        assert transport.result(behind) == ["one", "two", "relayed"]
+        ready, _ = transport.wait_every([first, second], TIMEOUT)
+        assert len(ready) == 2
+        assert transport.result(first) == ["one"] and transport.result(second) == ["one", "two"]
+        relayed = transport.relay(1, "note", first)
+        assert _kinds([relayed]) == ["call"]
+        assert transport.result(relayed) == [["one"]]
+        failing = transport.call(0, "fail")
+        broken = transport.relay(1, "note", failing)
+        with pytest.raises(ClientFailure, match="argument from client 0 failed.*refuses"):
+            transport.result(broken)
+        assert transport.counts["to_clients"] == 2 + 3  # relays are not counted
     finally:
         transport.close()
 
