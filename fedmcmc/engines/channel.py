@@ -1,14 +1,15 @@
 """Direct channels between the driver and its Ray client actors: one authenticated TCP
-connection per actor, for the messages the driver sends to every client each round.
+connection per actor, for the driver's messages to the actor's clients.
 
 An actor call costs Ray about 0.8 ms of the actor's CPU and 0.45 ms of the driver's here
 (docs/reference/speed.md), whatever the message: a Fed-PDMC event round (one message per
 worker, a few hundred bytes each way) is mostly that, and a run has thousands of rounds. A
 socket round trip of the same bytes costs tens of microseconds. So the Ray engine opens,
 per actor, a :class:`ChannelServer` in the actor (a thread serving one connection) and a
-:class:`ChannelClient` in the driver, and sends its broadcast messages
-(``Transport.call_each``) through them; set-up, relays between actors and the actor's life
-cycle stay Ray calls (``ray_engine.RayTransport``).
+:class:`ChannelClient` in the driver, and sends its messages (``Transport.call_each`` and
+``Transport.call``: broadcast rounds, hand-off visits, set-up questions) through them;
+relays between actors and the actor's life cycle (creating it, loading and unloading its
+clients) stay Ray calls (``ray_engine.RayTransport``).
 
 Security. The actor listens on the address Ray knows its node by (loopback for the local
 instance the engine starts), on a port the system picks, for one connection. A per-run

@@ -673,7 +673,8 @@ class RayTransport(Transport):
                           f"{self.groups[actor]} at {address[0]}:{address[1]} could not be "
                           f"opened ({reason}); its messages go as Ray actor calls (the same "
                           f"draws, more time per round). Pass direct_channel=False to use "
-                          f"actor calls only", ChannelWarning, stacklevel=2)
+                          f"actor calls only", ChannelWarning,
+                          stacklevel=user_stacklevel())
             return None
         self._direct[actor] = channel
         return channel
