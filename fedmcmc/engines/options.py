@@ -22,7 +22,7 @@ ENGINE_OPTIONS = (
     "client_num_cpus",
     "clients_per_actor",  # client endpoints per Ray actor (default 1; "auto": one actor per CPU)
     "reuse_actors",  # keep client actors for the next run on a Ray instance that outlives this one
-    "direct_channel",  # broadcasts through an authenticated socket per actor (channel.py)
+    "direct_channel",  # driver messages through an authenticated socket per actor (channel.py)
     "audit_messages",
     "ray_init_options",
     "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
