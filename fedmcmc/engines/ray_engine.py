@@ -588,6 +588,7 @@ class RayTransport(Transport):
         self._direct_waiting: Dict[int, Dict[int, _DirectBatch]] = {}  # by sequence number
         self._last_ray_call: Dict[int, Any] = {}  # actor -> its last actor call's reference
         self.channel_failures: List[Dict[str, Any]] = []
+        self._unreachable_hosts: set = set()
 
     def _host_on_idle_actors(self, reused: List[tuple]) -> int:
         """Load the clients of ``reused`` (``(index, actor, options, hosted)``) into the idle
@@ -660,6 +661,13 @@ class RayTransport(Transport):
         except Exception:  # noqa: BLE001 - the actor died: its messages fail as actor calls
             self._direct[actor] = None
             return None
+        if address[0] in self._unreachable_hosts:
+            # one failed connection per host, not one wait of HANDSHAKE_TIMEOUT per actor
+            self._direct[actor] = None
+            self.channel_failures.append({"actor": actor, "address": list(address),
+                                          "reason": "not tried: another actor's channel on "
+                                                    "this host could not be opened"})
+            return None
         try:
             channel = ChannelClient(address, self._secret)
         except (OSError, ChannelError) as error:
@@ -669,6 +677,7 @@ class RayTransport(Transport):
                                           "reason": reason})
             if _died(ray, self.actors[actor]):
                 return None  # not the channel's fault: its messages fail as actor calls
+            self._unreachable_hosts.add(address[0])
             warnings.warn(f"engine='ray': the direct channel to the actor of clients "
                           f"{self.groups[actor]} at {address[0]}:{address[1]} could not be "
                           f"opened ({reason}); its messages go as Ray actor calls (the same "
