@@ -172,10 +172,13 @@ class ChannelServer:
     ``secret``, then answers each request frame with ``handle(payload) -> reply`` (both
     bytes), one after the other, until the driver closes the connection or :meth:`close`.
     Connections that fail the handshake are dropped and the next one is awaited, until one
-    succeeds or ``accept_timeout`` seconds pass without any."""
+    succeeds, :meth:`close` is called or ``accept_timeout`` seconds pass (default None: no
+    limit; the Ray engine closes an unused listener when the run ends, with the actor or by
+    ``unload``, since the driver may connect long after asking: it connects with its next
+    message to the actor)."""
 
     def __init__(self, host: str, secret: bytes, handle: Callable[[bytes], bytes],
-                 accept_timeout: float = 300.0):
+                 accept_timeout: Optional[float] = None):
         if len(secret) != SECRET_BYTES:
             raise ValueError(f"secret must be {SECRET_BYTES} bytes, got {len(secret)}")
         self._secret, self._handle = secret, handle

@@ -223,3 +223,15 @@ def test_sending_to_an_actor_that_stopped_reading_times_out(monkeypatch):
         release.set()
         client.close()
         server.close()
+
+
+def test_closing_an_unused_listener_ends_its_thread_and_refuses_connections():
+    """The Ray engine closes a listener the driver never connected to when the run ends (the
+    listener itself waits without a time limit: the driver connects with its next message)."""
+    server = ChannelServer(LOOPBACK, SECRET, doubling)
+    time.sleep(0.1)
+    server.close()
+    server._thread.join(5)
+    assert not server._thread.is_alive()
+    with pytest.raises(OSError):
+        ChannelClient(server.address, SECRET, timeout=2)
