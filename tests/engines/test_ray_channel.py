@@ -69,7 +69,8 @@ def _opened(transport, clients):
 def test_broadcasts_go_direct_and_wait_behind_a_running_actor_call(local_ray):
     from fedmcmc.engines.ray_engine import RayTransport
 
-    transport = RayTransport([(logbook_class(), (s, SOURCE)) for s in range(3)], groups=[[0, 1], [2]])
+    transport = RayTransport([(logbook_class(), (s, SOURCE)) for s in range(3)],
+                             groups=[[0, 1], [2]])
     try:
         _opened(transport, [0, 1, 2])
         pendings = transport.call_each([0, 1, 2], "note", lambda c: (f"first {c}",))
