@@ -167,6 +167,22 @@ def _close_socket(sock: socket.socket) -> None:
         pass
 
 
+def _listen(host: str, ports: Optional[Tuple[int, int]]) -> socket.socket:
+    """A listening socket on ``host``: on a port the system picks (``ports`` None), else on
+    the first free port of ``ports = (first, last)``, both included (a firewall rule can
+    then name the range)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if ports is None:
+        return socket.create_server((host, 0), family=family)
+    first, last = ports
+    for port in range(first, last + 1):
+        try:
+            return socket.create_server((host, port), family=family)
+        except OSError:
+            continue
+    raise OSError(f"no free port in channel_ports {first}-{last} on {host}")
+
+
 class ChannelServer:
     """The actor's end: listens on ``(host, port chosen by the system)`` for the driver holding
     ``secret``, then answers each request frame with ``handle(payload) -> reply`` (both
@@ -175,15 +191,16 @@ class ChannelServer:
     succeeds, :meth:`close` is called or ``accept_timeout`` seconds pass (default None: no
     limit; the Ray engine closes an unused listener when the run ends, with the actor or by
     ``unload``, since the driver may connect long after asking: it connects with its next
-    message to the actor)."""
+    message to the actor). ``ports``: ``(first, last)`` to listen on the first free port of
+    that range instead of one the system picks."""
 
     def __init__(self, host: str, secret: bytes, handle: Callable[[bytes], bytes],
-                 accept_timeout: Optional[float] = None):
+                 accept_timeout: Optional[float] = None,
+                 ports: Optional[Tuple[int, int]] = None):
         if len(secret) != SECRET_BYTES:
             raise ValueError(f"secret must be {SECRET_BYTES} bytes, got {len(secret)}")
         self._secret, self._handle = secret, handle
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, 0), family=family)
+        self._listener = _listen(host, ports)
         self._listener.settimeout(accept_timeout)
         self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
         self._connection: Optional[socket.socket] = None

@@ -23,6 +23,7 @@ ENGINE_OPTIONS = (
     "clients_per_actor",  # client endpoints per Ray actor (default 1; "auto": one actor per CPU)
     "reuse_actors",  # keep client actors for the next run on a Ray instance that outlives this one
     "direct_channel",  # driver messages through an authenticated socket per actor (channel.py)
+    "channel_ports",  # (first, last): the ports the actors' channels listen on
     "audit_messages",
     "ray_init_options",
     "allow_unauthenticated_cluster",  # ray_security.py: run on a cluster without token auth
@@ -39,7 +40,7 @@ PROTOCOL_RUN_OPTIONS = ("chunk_size", "on_draws")
 
 #: the options that only the Ray engine reads
 RAY_ONLY_OPTIONS = ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
-                    "clients_per_actor", "reuse_actors", "direct_channel",
+                    "clients_per_actor", "reuse_actors", "direct_channel", "channel_ports",
                     "allow_unauthenticated_cluster")
 
 
@@ -86,10 +87,29 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
             if not isinstance(out[switch], (bool, np.bool_)):
                 raise ValueError(f"{switch} must be True or False, got {out[switch]!r}")
             out[switch] = bool(out[switch])
+    if out.get("channel_ports") is not None:
+        out["channel_ports"] = check_channel_ports(out["channel_ports"])
     timeout = out.get("visit_timeout")
     if timeout is not None:
         out["visit_timeout"] = check_positive_float(timeout, "visit_timeout")
     return out
+
+
+def check_channel_ports(value) -> tuple:
+    """The engine option ``channel_ports``: ``(first, last)``, integers with
+    ``1 <= first <= last <= 65535``; ``ValueError`` naming it otherwise."""
+    try:
+        first, last = value
+        if any(isinstance(p, (bool, np.bool_)) or int(p) != p for p in (first, last)):
+            raise TypeError
+        first, last = int(first), int(last)
+    except (TypeError, ValueError):
+        raise ValueError(f"channel_ports must be a pair (first, last) of port numbers, got "
+                         f"{value!r}") from None
+    if not 1 <= first <= last <= 65535:
+        raise ValueError(f"channel_ports must satisfy 1 <= first <= last <= 65535, got "
+                         f"{value!r}")
+    return first, last
 
 
 def protocol_run_options(checked: Dict[str, Any]) -> Dict[str, Any]:

@@ -79,6 +79,10 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     stays on actor calls with a :class:`ChannelWarning`. The channels are not encrypted, so
     with Ray's TLS they stay off (``True`` is then refused). ``False``: actor calls only.
     ``info["ray_direct_channels"]`` counts the actors reached directly.
+``channel_ports``
+    ``(first, last)``: the actors' channels listen on the first free port of that range
+    (both included) instead of one the system picks, so that a firewall rule can name them.
+    Default None.
 ``audit_messages``
     Keep the shape and dtype of every array a client sends in
     ``info["client_message_audit"]``.
@@ -159,13 +163,14 @@ class ClientHost:
                     self.failed[int(client)] = error
             return len(self.clients)
 
-    def open_channel(self, secret: bytes) -> tuple:
+    def open_channel(self, secret: bytes, ports: Optional[tuple] = None) -> tuple:
         """Listen for the driver's direct channel (:mod:`.channel`), authenticated by
-        ``secret``, on the address Ray knows this node by; returns ``(host, port)``. A
-        channel of an earlier run is closed first."""
+        ``secret``, on the address Ray knows this node by (on the first free port of
+        ``ports``, if given); returns ``(host, port)``. A channel of an earlier run is closed
+        first."""
         self._close_channel()
         host = _import_ray().util.get_node_ip_address()
-        self._channel = ChannelServer(host, secret, self._channel_request)
+        self._channel = ChannelServer(host, secret, self._channel_request, ports=ports)
         return self._channel.address
 
     def _close_channel(self) -> None:
@@ -340,6 +345,12 @@ def _answered(ray, refs: List[Any]) -> List[bool]:
         except Exception:  # noqa: BLE001 - its actor died
             answers.append(False)
     return answers
+
+
+def _root_cause(error: BaseException) -> str:
+    """``type: message`` of the exception an actor call raised in the actor (Ray wraps it)."""
+    cause = getattr(error, "cause", None) or error
+    return f"{type(cause).__name__}: {cause}"
 
 
 def _died(ray, actor) -> bool:
@@ -543,7 +554,7 @@ class RayTransport(Transport):
     def __init__(self, specs: Sequence[tuple], *, resources: Optional[Sequence[dict]] = None,
                  num_cpus: float = 0, audit: bool = False,
                  groups: Optional[Sequence[Sequence[int]]] = None, reuse: bool = False,
-                 direct_channel: bool = True):
+                 direct_channel: bool = True, channel_ports: Optional[tuple] = None):
         super().__init__(len(specs), audit)
         ray = _import_ray()
         self._ray = ray
@@ -583,6 +594,7 @@ class RayTransport(Transport):
         # that only relays, DULA's, opens none); the open_channel call's reference until the
         # driver connects, then the ChannelClient; None: actor calls only
         self._direct_channel = bool(direct_channel)
+        self._channel_ports = None if channel_ports is None else tuple(channel_ports)
         self._secret = secrets.token_bytes(SECRET_BYTES) if direct_channel else b""
         self._direct: Dict[int, Any] = {}
         self._direct_waiting: Dict[int, Dict[int, _DirectBatch]] = {}  # by sequence number
@@ -624,7 +636,8 @@ class RayTransport(Transport):
             warnings.warn(hint, PlacementWarning, stacklevel=user_stacklevel())
         return cls(specs, resources=resources, num_cpus=options.get("client_num_cpus", 0),
                    groups=groups, reuse=options.get("reuse_actors", False),
-                   direct_channel=direct_channel_wanted(options.get("direct_channel")))
+                   direct_channel=direct_channel_wanted(options.get("direct_channel")),
+                   channel_ports=options.get("channel_ports"))
 
     def placement(self) -> Dict[str, Any]:
         """``ray_actors``: the clients each actor hosts; ``ray_actors_reused``: how many of
@@ -648,7 +661,8 @@ class RayTransport(Transport):
         if actor not in self._direct:
             # answered after the actor's construction and before this broadcast, which goes
             # as an actor call: the next finds the channel open
-            self._direct[actor] = self.actors[actor].open_channel.remote(self._secret)
+            self._direct[actor] = self.actors[actor].open_channel.remote(
+                self._secret, self._channel_ports)
             return None
         state = self._direct.get(actor)
         if state is None or isinstance(state, ChannelClient):
@@ -658,8 +672,12 @@ class RayTransport(Transport):
             return None
         try:
             address = ray.get(state, timeout=60)
-        except Exception:  # noqa: BLE001 - the actor died: its messages fail as actor calls
+        except ray.exceptions.RayActorError:  # it died: its messages fail as actor calls
             self._direct[actor] = None
+            return None
+        except Exception as error:  # noqa: BLE001 - the actor could not listen
+            self._direct[actor] = None
+            self._channel_failed(actor, None, _root_cause(error))
             return None
         if address[0] in self._unreachable_hosts:
             # one failed connection per host, not one wait of HANDSHAKE_TIMEOUT per actor
@@ -672,21 +690,26 @@ class RayTransport(Transport):
             channel = ChannelClient(address, self._secret)
         except (OSError, ChannelError) as error:
             self._direct[actor] = None
-            reason = f"{type(error).__name__}: {error}"
-            self.channel_failures.append({"actor": actor, "address": list(address),
-                                          "reason": reason})
             if _died(ray, self.actors[actor]):
                 return None  # not the channel's fault: its messages fail as actor calls
             self._unreachable_hosts.add(address[0])
-            warnings.warn(f"engine='ray': the direct channel to the actor of clients "
-                          f"{self.groups[actor]} at {address[0]}:{address[1]} could not be "
-                          f"opened ({reason}); its messages go as Ray actor calls (the same "
-                          f"draws, more time per round). Pass direct_channel=False to use "
-                          f"actor calls only", ChannelWarning,
-                          stacklevel=user_stacklevel())
+            self._channel_failed(actor, address, f"{type(error).__name__}: {error}")
             return None
         self._direct[actor] = channel
         return channel
+
+    def _channel_failed(self, actor: int, address: Optional[Sequence], reason: str) -> None:
+        """Record (``info["ray_channel_failures"]``) and warn that actor ``actor``'s channel
+        could not be opened."""
+        self.channel_failures.append({"actor": actor,
+                                      "address": None if address is None else list(address),
+                                      "reason": reason})
+        where = "" if address is None else f" at {address[0]}:{address[1]}"
+        warnings.warn(f"engine='ray': the direct channel to the actor of clients "
+                      f"{self.groups[actor]}{where} could not be opened ({reason}); its "
+                      f"messages go as Ray actor calls (the same draws, more time per "
+                      f"round). Pass direct_channel=False to use actor calls only",
+                      ChannelWarning, stacklevel=user_stacklevel())
 
     def _ray_quiet(self, actor: int) -> bool:
         """Whether every actor call sent to ``actor`` has ended (Ray runs one caller's calls

@@ -235,3 +235,23 @@ def test_closing_an_unused_listener_ends_its_thread_and_refuses_connections():
     assert not server._thread.is_alive()
     with pytest.raises(OSError):
         ChannelClient(server.address, SECRET, timeout=2)
+
+
+def test_a_port_range_is_honoured_and_its_exhaustion_named():
+    taken = socket.create_server((LOOPBACK, 0))
+    port = taken.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=f"no free port in channel_ports {port}-{port}"):
+            ChannelServer(LOOPBACK, SECRET, doubling, ports=(port, port))
+        upper = min(port + 200, 65535)
+        server = ChannelServer(LOOPBACK, SECRET, doubling, ports=(port, upper))
+        try:
+            assert port < server.address[1] <= upper  # the first free one after the taken
+            client = ChannelClient(server.address, SECRET)
+            client.send(pickle.dumps(np.ones(1)))
+            assert pickle.loads(reply_of(client)[0][1]) == 2.0
+            client.close()
+        finally:
+            server.close()
+    finally:
+        taken.close()

@@ -198,13 +198,52 @@ def test_a_channel_that_cannot_be_opened_leaves_actor_calls_and_says_so(local_ra
         transport.close()
 
 
-def test_the_option_is_checked():
+def test_the_options_are_checked():
     algorithm = fm.FedZigZag(sample_interval=0.5)
     federation = gaussian_federation(seed=2, sizes=(15, 25, 40))
-    for engine, bad in (("ray", "yes"), ("local", True)):
-        with pytest.raises(ValueError, match="direct_channel"):
+    cases = [("ray", {"direct_channel": "yes"}), ("local", {"direct_channel": True}),
+             ("ray", {"channel_ports": (5000, 4000)}), ("ray", {"channel_ports": 5000}),
+             ("ray", {"channel_ports": (0, 10)}), ("ray", {"channel_ports": (1.5, 10)}),
+             ("ray", {"channel_ports": (True, 10)}), ("local", {"channel_ports": (1, 2)})]
+    for engine, option in cases:
+        with pytest.raises(ValueError, match=next(iter(option))):
             fm.sample(GAUSSIAN_MODEL, federation, algorithm, init=np.zeros(DIM, np.float32),
-                      num_samples=5, engine=engine, direct_channel=bad)
+                      num_samples=5, engine=engine, **option)
+    from fedmcmc.engines.options import check_channel_ports
+
+    assert check_channel_ports((20000, 20010)) == (20000, 20010)
+    assert check_channel_ports([np.int64(7), 7]) == (7, 7)
+
+
+def test_channels_listen_in_the_port_range_given_and_a_full_range_is_reported(local_ray):
+    import socket
+
+    from fedmcmc.engines.ray_engine import ChannelWarning, RayTransport
+
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    upper = min(port + 200, 65535)
+    try:
+        transport = RayTransport([(logbook_class(), (s, SOURCE)) for s in range(2)],
+                                 channel_ports=(port, upper))
+        try:
+            _opened(transport, [0, 1])
+            _opened(transport, [0, 1])
+            ports = sorted(channel.address[1] for channel in transport._direct.values())
+            assert len(set(ports)) == 2 and port < ports[0] and ports[1] <= upper
+        finally:
+            transport.close()
+        transport = RayTransport([(logbook_class(), (0, SOURCE))], channel_ports=(port, port))
+        try:
+            _opened(transport, [0])
+            with pytest.warns(ChannelWarning, match=f"no free port in channel_ports {port}"):
+                _opened(transport, [0])  # answered all the same, as an actor call
+            [failure] = transport.placement()["ray_channel_failures"]
+            assert failure["address"] is None and "OSError" in failure["reason"]
+        finally:
+            transport.close()
+    finally:
+        taken.close()
 
 
 def test_with_ray_tls_the_channels_stay_off(monkeypatch):
