@@ -682,9 +682,8 @@ class RayTransport(Transport):
         if address[0] in self._unreachable_hosts:
             # one failed connection per host, not one wait of HANDSHAKE_TIMEOUT per actor
             self._direct[actor] = None
-            self.channel_failures.append({"actor": actor, "address": list(address),
-                                          "reason": "not tried: another actor's channel on "
-                                                    "this host could not be opened"})
+            self._channel_failed(actor, address, "not tried: another actor's channel on this "
+                                 "host could not be opened", warn=False)
             return None
         try:
             channel = ChannelClient(address, self._secret)
@@ -698,12 +697,15 @@ class RayTransport(Transport):
         self._direct[actor] = channel
         return channel
 
-    def _channel_failed(self, actor: int, address: Optional[Sequence], reason: str) -> None:
-        """Record (``info["ray_channel_failures"]``) and warn that actor ``actor``'s channel
-        could not be opened."""
+    def _channel_failed(self, actor: int, address: Optional[Sequence], reason: str,
+                        warn: bool = True) -> None:
+        """Record (``info["ray_channel_failures"]``) and, with ``warn``, warn that actor
+        ``actor``'s channel could not be opened."""
         self.channel_failures.append({"actor": actor,
                                       "address": None if address is None else list(address),
                                       "reason": reason})
+        if not warn:
+            return
         where = "" if address is None else f" at {address[0]}:{address[1]}"
         warnings.warn(f"engine='ray': the direct channel to the actor of clients "
                       f"{self.groups[actor]}{where} could not be opened ({reason}); its "
@@ -765,17 +767,23 @@ class RayTransport(Transport):
                 if batch is not None:
                     batch.values = channel_loads(payload)
 
-    def _wait_direct(self, pendings: List[Pending], timeout: Optional[float], every: bool):
+    def _await_direct(self, batches: Sequence[_DirectBatch], timeout: Optional[float],
+                      every: bool) -> None:
+        """Receive replies until every batch of ``batches`` is done (``every``) or one is, or
+        ``timeout`` seconds (None: no limit) have passed."""
         deadline = None if timeout is None else time.perf_counter() + timeout
-        batches = {id(p.handle.batch): p.handle.batch for p in pendings}
+        batches = list({id(b): b for b in batches}.values())
         while True:
-            waiting = [b for b in batches.values() if not b.done]
+            waiting = [b for b in batches if not b.done]
             if not waiting or (not every and len(waiting) < len(batches)):
-                break
+                return
             left = None if deadline is None else max(0.0, deadline - time.perf_counter())
             self._receive_direct(sorted({b.actor for b in waiting}), left)
             if deadline is not None and time.perf_counter() >= deadline:
-                break
+                return
+
+    def _wait_direct(self, pendings: List[Pending], timeout: Optional[float], every: bool):
+        self._await_direct([p.handle.batch for p in pendings], timeout, every)
         ready = [p for p in pendings if p.handle.batch.done]
         return ready, [p for p in pendings if not p.handle.batch.done]
 
@@ -787,14 +795,10 @@ class RayTransport(Transport):
         waiting = list(self._direct_waiting.get(actor, {}).values())
         if not waiting:
             return
-        deadline = time.perf_counter() + channel_module.SEND_TIMEOUT
-        while any(not batch.done for batch in waiting):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                self._fail_direct(actor, ChannelError(
-                    f"no answer within {channel_module.SEND_TIMEOUT:g} s before an actor call"))
-                return
-            self._receive_direct([actor], left)
+        self._await_direct(waiting, channel_module.SEND_TIMEOUT, every=True)
+        if not all(batch.done for batch in waiting):
+            self._fail_direct(actor, ChannelError(
+                f"no answer within {channel_module.SEND_TIMEOUT:g} s before an actor call"))
 
     def _send(self, client: int, method: str, args) -> Any:
         actor = self.actor_of[client]
@@ -945,7 +949,7 @@ class RayTransport(Transport):
         batch = part.batch
         if isinstance(batch, _DirectBatch):
             if not batch.done:  # a reply read without waiting: wait as ray.get does
-                self._wait_direct([Pending(client, "", part)], 60.0, True)
+                self._await_direct([batch], 60.0, every=True)
             if batch.failure is not None or not batch.done:
                 raise ClientFailure(client, batch.failure or "no answer within 60 s")
         elif batch.values is None:
