@@ -59,6 +59,8 @@ class BroadcastClient(ClientEndpoint):
     *args)`` (set-up questions, e.g. Newton terms or rate bounds), ``configure(*args)``
     (once, before sampling) and ``respond(*args)`` (every round's answer)."""
 
+    RUN_WIDE_ARGUMENTS = (2, 3, 4)  # model, init, functions: the same for every client
+
     def __init__(self, index: int, source: Any, model, init: Any, functions: Any,
                  num_clients: int, seed: int):
         super().__init__(index, source)

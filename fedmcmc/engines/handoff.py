@@ -76,6 +76,8 @@ class HandoffClient(ClientEndpoint):
     ``spec`` (plain dict): ``seed``, ``chains``, ``thin``, ``num_clients``.
     """
 
+    RUN_WIDE_ARGUMENTS = (2, 3, 4)  # model, init, protocol: the same for every client
+
     def __init__(self, index: int, source: Any, model, init: Any, protocol: HandoffProtocol,
                  spec: Dict[str, Any]):
         super().__init__(index, source)

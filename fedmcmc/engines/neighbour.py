@@ -29,6 +29,8 @@ class NeighbourClient(ClientEndpoint):
     *neighbour_messages)`` (iteration k from its neighbours' messages; returns the new
     outgoing message) and ``setup(name, *args)`` (other questions, e.g. gradient terms)."""
 
+    RUN_WIDE_ARGUMENTS = (2, 3, 4)  # model, init, functions: the same for every client
+
     def __init__(self, index: int, source: Any, model, init: Any, functions: Any,
                  num_clients: int, seed: int, start: tuple = ()):
         super().__init__(index, source)

@@ -122,6 +122,7 @@ from .channel import SECRET_BYTES, ChannelClient, ChannelError, ChannelServer, w
 from .channel import dumps as channel_dumps
 from .channel import loads as channel_loads
 from .comm import ClientFailure, Pending, Transport
+from .interning import intern_arguments
 from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this module's API
     LOOPBACK,
     UnauthenticatedClusterError,
@@ -570,6 +571,10 @@ class RayTransport(Transport):
         self.actor_of = {client: a for a, group in enumerate(groups) for client in group}
         self._reuse = bool(reuse)
         self.actors, self._reserved, reused, new = [], [], [], []
+        # the objects every client shares go as Interned: an actor hosting a later run's
+        # clients gets back the objects it built from the same bytes, with their traced
+        # programs (the model, the protocol: interning.py)
+        shipped = intern_arguments(specs)
         for index, group in enumerate(groups):
             options: Dict[str, Any] = {"num_cpus": num_cpus * len(group), "max_restarts": 0}
             if resources is not None and resources[group[0]]:
@@ -577,7 +582,7 @@ class RayTransport(Transport):
             reserved = _reservation(options)
             # the clients' data go to the actor once, at creation (in a real deployment the
             # data would already be there); it is not a protocol message and is not counted
-            hosted = [(client, specs[client][0], specs[client][1]) for client in group]
+            hosted = [(client, shipped[client][0], shipped[client][1]) for client in group]
             actor = _IDLE_ACTORS.take(ray, reserved) if self._reuse else None
             (new if actor is None else reused).append((index, actor, options, hosted))
             self.actors.append(actor)

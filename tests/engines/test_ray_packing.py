@@ -354,6 +354,55 @@ def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, mo
     assert release_idle_actors() == 3 and idle_actors() == 0
 
 
+def test_a_reused_actor_gets_back_the_run_wide_objects_of_equal_bytes(local_ray):
+    """The arguments an endpoint names in RUN_WIDE_ARGUMENTS go as Interned: the actor that
+    hosts the next run's clients gets back the object it built for the last run when the
+    driver's object pickles alike (a new driver object with the same contents), and a new
+    object when the contents differ; the clients of one actor share one object."""
+    from fedmcmc.engines.comm import ClientEndpoint, collect
+    from fedmcmc.engines.ray_engine import RayTransport, idle_actors, release_idle_actors
+
+    class Settings:  # local classes: Ray ships them by value
+        def __init__(self, step_size):
+            self.step_size = step_size
+
+    class Endpoint(ClientEndpoint):
+        RUN_WIDE_ARGUMENTS = (2,)
+
+        def __init__(self, index, source, settings):
+            super().__init__(index, source)
+            # a probe, not what endpoints do: count the clients built on this object
+            settings.hosted = getattr(settings, "hosted", 0) + 1
+            self.settings, self.built = settings, settings.hosted
+
+        def settings_of(self):
+            return os.getpid(), self.built, self.settings.step_size
+
+    release_idle_actors()
+    source = functools.partial(np.zeros, (2, 1), np.float32)
+
+    def run(step_size):
+        settings = Settings(step_size)  # a new driver object each run
+        transport = RayTransport([(Endpoint, (s, source, settings)) for s in range(2)],
+                                 groups=[[0, 1]], reuse=True)
+        try:
+            values, failures = collect(
+                transport, transport.call_each(range(2), "settings_of", lambda c: ()), TIMEOUT)
+            assert failures == []
+            return transport.reused_actors, values
+        finally:
+            transport.close()
+
+    reused, first = run(1e-3)
+    pid = first[0][0]
+    assert reused == 0 and first == [(pid, 1, 1e-3), (pid, 2, 1e-3)]  # one object for both
+    reused, second = run(1e-3)
+    assert reused == 1 and second == [(pid, 3, 1e-3), (pid, 4, 1e-3)]  # the same object
+    reused, third = run(2e-3)
+    assert reused == 1 and third == [(pid, 1, 2e-3), (pid, 2, 2e-3)]  # a new object
+    assert release_idle_actors() == 1 and idle_actors() == 0
+
+
 def test_idle_actors_holding_cpus_give_them_up_to_a_run_that_needs_them(local_ray):
     """Idle actors that reserve CPUs and do not match a run's actors are ended before the
     run starts new ones: on this 2-CPU instance, two idle 1-CPU actors would otherwise keep
