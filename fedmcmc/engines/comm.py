@@ -258,6 +258,14 @@ class InProcessTransport(Transport):
         return value
 
 
+@contextlib.contextmanager
+def _first_on_node_in_a_slot(first_on_node):
+    """``first_on_node``, then one of the machine's places (:func:`fedmcmc.cache.node_slot`):
+    a client waiting for the first to compile holds no place, so the first always gets one."""
+    with first_on_node as first, cache.node_slot():
+        yield first
+
+
 class ClientEndpoint:
     """The part every protocol's client endpoint shares: it holds its own data.
 
@@ -278,13 +286,16 @@ class ClientEndpoint:
         the first client of this machine with the same ``program_parts`` (the protocol, the
         model, ...) and the same row shapes runs it alone, the others wait and then read its
         programs from the compilation cache (:func:`fedmcmc.cache.first_on_node`), instead of
-        all compiling the same programs at once. ``what`` names the step; once a step has run
-        here, it runs without looking again."""
+        all compiling the same programs at once; and it runs in one of the machine's places
+        (:func:`fedmcmc.cache.node_slot`, one per CPU), so that thirty client processes on two
+        cores take turns instead of taking the cores from each other. ``what`` names the
+        step; once a step has run here, it runs without looking again."""
         if what in self._compiled_once:
             return contextlib.nullcontext(False)
         self._compiled_once.add(what)
         layout = describe_client(self.data)
-        return cache.first_on_node(type(self).__name__, what, layout, *program_parts)
+        return _first_on_node_in_a_slot(
+            cache.first_on_node(type(self).__name__, what, layout, *program_parts))
 
     def ping(self) -> int:
         return self.index

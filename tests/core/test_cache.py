@@ -241,3 +241,47 @@ def test_first_on_node_does_nothing_with_the_cache_off(tmp_path, restore_cache_s
     with fm.cache.first_on_node("anything") as first:
         assert first is False
     assert not (tmp_path / fm.cache.FIRST_ON_NODE_FOLDER).exists()
+
+
+NODE_SLOT = r"""
+import json, sys, time
+import fedmcmc as fm
+started = time.time()
+with fm.cache.node_slot(2) as held:
+    entered = time.time()
+    with fm.cache.node_slot(2) as inner:  # a step inside a step: the same place
+        time.sleep(0.6)
+    left = time.time()
+print(json.dumps({"held": held, "inner": inner, "started": started, "entered": entered,
+                  "left": left}))
+"""
+
+
+def test_node_slot_lets_at_most_that_many_processes_run_at_once(tmp_path):
+    """Five processes asking for one of 2 places: at most 2 inside at any time, every one
+    runs; a process inside asking again (a step inside a step) keeps its place."""
+    env = dict(os.environ, FEDMCMC_CACHE_DIR=str(tmp_path), FEDMCMC_COMPILATION_CACHE="1")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    processes = [subprocess.Popen([sys.executable, "-c", NODE_SLOT], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(5)]
+    runs = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-2000:]
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(run["held"] and run["inner"] for run in runs)
+    for run in runs:  # how many were inside at the middle of this one's stay
+        middle = (run["entered"] + run["left"]) / 2
+        inside = sum(other["entered"] <= middle <= other["left"] for other in runs)
+        assert 1 <= inside <= 2
+    # they did not all run one after the other either
+    assert max(run["left"] for run in runs) - min(run["entered"] for run in runs) < 5 * 0.6
+    assert len(list((tmp_path / "jax" / fm.cache.NODE_SLOTS_FOLDER).glob("*.lock"))) == 2
+
+
+def test_node_slot_does_nothing_with_the_cache_off(tmp_path, restore_cache_settings):
+    fm.cache.disable()
+    with fm.cache.node_slot(1) as held:
+        assert held is False
+    assert fm.cache.usable_cpus() >= 1
