@@ -298,7 +298,9 @@ def node_slot(slots: int | None = None, *, max_wait: float = 600.0, poll: float 
     directory each have their own places). Yields True when it held a place; False (and
     runs at once) with the cache off, without ``fcntl`` (Windows), when the cache directory
     cannot be written, or after ``max_wait`` seconds without a place. A place is freed when
-    its process leaves the context or dies.
+    its process leaves the context or dies. A process holds at most one place: a step that
+    enters again while its process holds one (a step inside a step, another thread) runs in
+    that place.
     """
     global _slots_held
     root = directory()

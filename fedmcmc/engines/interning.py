@@ -106,8 +106,9 @@ def interned_count() -> int:
 def intern_arguments(specs: Sequence[tuple]) -> list:
     """``specs`` (``(endpoint_class, args)`` per client) with each class's
     ``RUN_WIDE_ARGUMENTS`` wrapped in :class:`Interned`; an object given to several clients
-    gets one wrapper, so it is pickled once."""
-    wrappers: Dict[int, Interned] = {}
+    gets one wrapper, so it is pickled once. An object cloudpickle cannot pickle (one that
+    only a serializer registered with Ray handles) is left as it is, for Ray to send."""
+    wrappers: Dict[int, Any] = {}
     out = []
     for cls, args in specs:
         positions = getattr(cls, "RUN_WIDE_ARGUMENTS", ())
@@ -118,7 +119,13 @@ def intern_arguments(specs: Sequence[tuple]) -> list:
         for position in positions:
             if position < len(args) and args[position] is not None:
                 value = args[position]
-                wrappers.setdefault(id(value), Interned(value))
+                if id(value) not in wrappers:
+                    wrapper = Interned(value)
+                    try:
+                        wrapper.payload()
+                    except Exception:  # noqa: BLE001 - Ray's own serialization decides
+                        wrapper = value
+                    wrappers[id(value)] = wrapper
                 args[position] = wrappers[id(value)]
         out.append((cls, tuple(args)))
     return out

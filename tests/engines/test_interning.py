@@ -69,3 +69,14 @@ def test_intern_arguments_wraps_the_declared_positions_once_per_object():
     copies = pickle.loads(cloudpickle.dumps(shipped))
     assert copies[0][1][2] is copies[1][1][2] and copies[0][1][2].step_size == 1.0
     assert HandoffClient.RUN_WIDE_ARGUMENTS == (2, 3, 4)
+
+
+def test_an_object_cloudpickle_cannot_pickle_is_left_for_ray():
+    import threading
+
+    class Endpoint(ClientEndpoint):
+        RUN_WIDE_ARGUMENTS = (2,)
+
+    lock = threading.Lock()  # no pickler handles it; a serializer registered with Ray might
+    shipped = intern_arguments([(Endpoint, (0, None, lock)), (Endpoint, (1, None, lock))])
+    assert shipped[0][1][2] is lock and shipped[1][1][2] is lock
