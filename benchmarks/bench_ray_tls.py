@@ -59,6 +59,8 @@ def child(clients: int, rounds: int) -> None:
         / sum(info["rounds_per_chain"]),
         "ray_authentication": info.get("ray_authentication"),
         "tls": os.environ.get("RAY_USE_TLS") == "1",
+        "direct_channels": info.get("ray_direct_channels", 0),
+        "channel_failures": info.get("ray_channel_failures", []),
     }), flush=True)
 
 
@@ -84,7 +86,8 @@ def main() -> None:
         print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         print(f"DSGLD hand-off on Ray, {args.clients} clients, 4 chains, {args.rounds} rounds "
               "per chain, token authentication in both")
-        print(f"{'config':>6} {'ms/round':>9} {'setup s':>8} {'B/round':>8} {'auth':>6}")
+        print(f"{'config':>6} {'ms/round':>9} {'setup s':>8} {'B/round':>8} {'auth':>6} "
+              f"{'channels':>8}")
         for _ in range(args.repeats):
             for name, extra in (("plain", {}), ("tls", tls)):
                 out = subprocess.run(
@@ -99,8 +102,10 @@ def main() -> None:
                     raise SystemExit(f"{name} run did not see the intended RAY_USE_TLS")
                 rows[name].append(row)
                 print(f"{name:>6} {row['ms_per_round']:>9.2f} {row['setup_s']:>8.1f} "
-                      f"{row['bytes_per_round']:>8.0f} {row['ray_authentication']:>6}",
-                      flush=True)
+                      f"{row['bytes_per_round']:>8.0f} {row['ray_authentication']:>6} "
+                      f"{row['direct_channels']:>8}", flush=True)
+                if row["channel_failures"]:
+                    print(f"       channel failures: {row['channel_failures']}", flush=True)
         plain = statistics.median(r["ms_per_round"] for r in rows["plain"])
         with_tls = statistics.median(r["ms_per_round"] for r in rows["tls"])
         print(f"median ms/round: plain {plain:.2f}, TLS {with_tls:.2f}, "

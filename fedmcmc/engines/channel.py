@@ -18,9 +18,13 @@ secret of 32 random bytes, sent to the actor in a Ray call (token-authenticated,
 HMAC-SHA256 of both sides' random nonces (:func:`_prove`), and every frame after that
 carries an HMAC-SHA256 tag, under a key derived from the secret and the nonces, of its
 direction, its sequence number and its bytes. A frame that fails the check, comes out of
-order, or replays an earlier one ends the connection before its bytes are unpickled. The
-bytes are not encrypted: they are what Ray's own calls carry (positions, per-chain
-scalars, proposals; never a client's rows).
+order, or replays an earlier one ends the connection before its bytes are unpickled.
+Without TLS the bytes are not encrypted: they are what Ray's own calls carry (positions,
+per-chain scalars, proposals; never a client's rows). When Ray runs with TLS
+(``RAY_USE_TLS``) the channel is TLS too, with Ray's own certificates
+(:func:`tls_context`): each end presents the certificate of ``RAY_TLS_SERVER_CERT`` and
+accepts only a peer whose certificate the CA of ``RAY_TLS_CA_CERT`` signed, and the secret's
+handshake and tags run inside the encrypted connection.
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ import os
 import pickle
 import select
 import socket
+import ssl
 import struct
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["ChannelError", "ChannelServer", "ChannelClient", "wait_for_frames",
-           "SECRET_BYTES"]
+           "SECRET_BYTES", "tls_context", "TLS_ENVIRONMENT"]
 
 #: bytes of the per-run secret, of each side's nonce and of each tag
 SECRET_BYTES = 32
@@ -51,6 +56,42 @@ HANDSHAKE_TIMEOUT = 10.0
 #: seconds the driver waits for an actor to take a request's bytes (an actor reads its next
 #: request once it has answered the last): beyond it the channel is closed as failed
 SEND_TIMEOUT = 120.0
+
+
+#: the environment variables Ray reads its TLS files from (certificate, key, CA), read here too
+TLS_ENVIRONMENT = ("RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")
+
+
+def tls_context(server_side: bool, environ: Optional[Dict[str, str]] = None
+                ) -> ssl.SSLContext:
+    """The TLS context of a channel's end, from Ray's TLS files (:data:`TLS_ENVIRONMENT` in
+    ``environ``, default ``os.environ``): this end presents the certificate and key, and
+    requires the peer's certificate to be signed by the CA (TLS 1.2 or later). The peer's
+    host name is not checked (a node's certificate need not name the address it listens
+    on); the CA and then the run's secret say who it is. ``ChannelError`` if a variable is
+    unset or a file cannot be read."""
+    environ = os.environ if environ is None else environ
+    missing = [name for name in TLS_ENVIRONMENT if not environ.get(name)]
+    if missing:
+        raise ChannelError(f"TLS for the direct channel needs {', '.join(missing)} "
+                           "(the files Ray's TLS uses)")
+    certificate, key, authority = (environ[name] for name in TLS_ENVIRONMENT)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side
+                             else ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(certificate, key)
+        context.load_verify_locations(authority)
+    except (OSError, ssl.SSLError) as error:
+        raise ChannelError(f"TLS for the direct channel: cannot load Ray's TLS files "
+                           f"({type(error).__name__}: {error})") from error
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_REQUIRED
+    if server_side:
+        # no TLS 1.3 session tickets after the handshake: a record that is not data would
+        # make the driver's select wake and its read wait for data that may not be coming
+        context.num_tickets = 0
+    return context
 
 
 class ChannelError(ConnectionError):
@@ -123,6 +164,14 @@ class _Framing:
         if not chunk:
             self.fail("the peer closed the channel")
         self.buffer += chunk
+        # TLS: bytes already decrypted stay in the SSL object, where select does not see
+        # them; take them all now
+        pending = getattr(self.sock, "pending", None)
+        try:
+            while pending is not None and pending() > 0:
+                self.buffer += self.sock.recv(pending())
+        except OSError as error:
+            self.fail(f"receiving failed ({type(error).__name__}: {error})")
 
     def frames(self) -> List[Tuple[int, bytes]]:
         """The complete frames in the buffer, each checked (tag, order), as
@@ -192,14 +241,16 @@ class ChannelServer:
     limit; the Ray engine closes an unused listener when the run ends, with the actor or by
     ``unload``, since the driver may connect long after asking: it connects with its next
     message to the actor). ``ports``: ``(first, last)`` to listen on the first free port of
-    that range instead of one the system picks."""
+    that range instead of one the system picks. ``tls``: a :func:`tls_context` (server side)
+    to wrap each connection in TLS before the secret's handshake."""
 
     def __init__(self, host: str, secret: bytes, handle: Callable[[bytes], bytes],
                  accept_timeout: Optional[float] = None,
-                 ports: Optional[Tuple[int, int]] = None):
+                 ports: Optional[Tuple[int, int]] = None,
+                 tls: Optional[ssl.SSLContext] = None):
         if len(secret) != SECRET_BYTES:
             raise ValueError(f"secret must be {SECRET_BYTES} bytes, got {len(secret)}")
-        self._secret, self._handle = secret, handle
+        self._secret, self._handle, self._tls = secret, handle, tls
         self._listener = _listen(host, ports)
         self._listener.settimeout(accept_timeout)
         self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
@@ -216,6 +267,8 @@ class ChannelServer:
                 try:
                     sock.settimeout(HANDSHAKE_TIMEOUT)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    if self._tls is not None:  # TLS's handshake first (SSLError is an OSError)
+                        sock = self._tls.wrap_socket(sock, server_side=True)
                     nonce = os.urandom(SECRET_BYTES)
                     sock.sendall(nonce)
                     answer = _receive_exactly(sock, SECRET_BYTES + _TAG_BYTES)
@@ -259,13 +312,17 @@ class ChannelServer:
 
 class ChannelClient:
     """The driver's end of an actor's channel: :meth:`send` a request frame, then collect its
-    reply with :func:`wait_for_frames` (replies come in the order of the requests)."""
+    reply with :func:`wait_for_frames` (replies come in the order of the requests).
+    ``tls``: a :func:`tls_context` (client side), for an actor that listens with TLS."""
 
-    def __init__(self, address: Sequence, secret: bytes, timeout: float = HANDSHAKE_TIMEOUT):
+    def __init__(self, address: Sequence, secret: bytes, timeout: float = HANDSHAKE_TIMEOUT,
+                 tls: Optional[ssl.SSLContext] = None):
         host, port = address
         sock = socket.create_connection((str(host), int(port)), timeout=timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                sock = tls.wrap_socket(sock)
             nonce = _receive_exactly(sock, SECRET_BYTES)
             own = os.urandom(SECRET_BYTES)
             nonces = nonce + own

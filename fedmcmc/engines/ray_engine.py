@@ -67,7 +67,7 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     starts ends with it: nothing is kept. ``False``: every run starts and ends its own
     actors.
 ``direct_channel``
-    Default (unset): on, unless Ray runs with TLS (``RAY_USE_TLS``). On: the driver's
+    Default (unset): on. On: the driver's
     messages to the clients (a Fed-PDMC event round, a baseline's round, a hand-off visit,
     set-up questions) travel through one TCP connection per actor
     (:mod:`fedmcmc.engines.channel`) instead of Ray actor calls, which cost Ray about a
@@ -76,8 +76,9 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     Ray knows its node by (loopback for the local instance), on a port the system picks;
     both ends authenticate with a secret of the run sent over Ray, and every frame carries
     an HMAC-SHA256 tag. An actor whose channel cannot be opened (a firewall between nodes)
-    stays on actor calls with a :class:`ChannelWarning`. The channels are not encrypted, so
-    with Ray's TLS they stay off (``True`` is then refused). ``False``: actor calls only.
+    stays on actor calls with a :class:`ChannelWarning`. When Ray runs with TLS
+    (``RAY_USE_TLS``) the channels are TLS too, with Ray's certificates and CA (each node's
+    ``RAY_TLS_*`` files). ``False``: actor calls only.
     ``info["ray_direct_channels"]`` counts the actors reached directly.
 ``channel_ports``
     ``(first, last)``: the actors' channels listen on the first free port of that range
@@ -164,14 +165,17 @@ class ClientHost:
                     self.failed[int(client)] = error
             return len(self.clients)
 
-    def open_channel(self, secret: bytes, ports: Optional[tuple] = None) -> tuple:
+    def open_channel(self, secret: bytes, ports: Optional[tuple] = None,
+                     tls: bool = False) -> tuple:
         """Listen for the driver's direct channel (:mod:`.channel`), authenticated by
         ``secret``, on the address Ray knows this node by (on the first free port of
-        ``ports``, if given); returns ``(host, port)``. A channel of an earlier run is closed
-        first."""
+        ``ports``, if given), with ``tls`` in TLS with this node's Ray TLS files; returns
+        ``(host, port)``. A channel of an earlier run is closed first."""
         self._close_channel()
         host = _import_ray().util.get_node_ip_address()
-        self._channel = ChannelServer(host, secret, self._channel_request, ports=ports)
+        context = channel_module.tls_context(server_side=True) if tls else None
+        self._channel = ChannelServer(host, secret, self._channel_request, ports=ports,
+                                      tls=context)
         return self._channel.address
 
     def _close_channel(self) -> None:
@@ -520,16 +524,9 @@ def ray_uses_tls() -> bool:
 
 
 def direct_channel_wanted(option: Optional[bool]) -> bool:
-    """The engine option ``direct_channel``: ``None`` (default) is on unless Ray runs with TLS
-    (the channels are authenticated, not encrypted: with TLS the broadcasts stay Ray calls,
-    encrypted as the user asked); ``True`` with TLS is refused."""
-    if option is None:
-        return not ray_uses_tls()
-    if option and ray_uses_tls():
-        raise ValueError("direct_channel=True: Ray runs with TLS (RAY_USE_TLS) and the direct "
-                         "channels are authenticated but not encrypted; leave direct_channel "
-                         "unset (then the broadcasts go as Ray's encrypted actor calls)")
-    return bool(option)
+    """The engine option ``direct_channel``: ``None`` (default) and ``True`` are on (in TLS
+    with Ray's certificates when Ray runs with TLS), ``False`` off."""
+    return True if option is None else bool(option)
 
 
 class RayTransport(Transport):
@@ -601,6 +598,9 @@ class RayTransport(Transport):
         self._direct_channel = bool(direct_channel)
         self._channel_ports = None if channel_ports is None else tuple(channel_ports)
         self._secret = secrets.token_bytes(SECRET_BYTES) if direct_channel else b""
+        # under Ray's TLS the channels are TLS too, with Ray's certificates (channel.py)
+        self._tls = bool(direct_channel) and ray_uses_tls()
+        self._tls_client = None
         self._direct: Dict[int, Any] = {}
         self._direct_waiting: Dict[int, Dict[int, _DirectBatch]] = {}  # by sequence number
         self._last_ray_call: Dict[int, Any] = {}  # actor -> its last actor call's reference
@@ -647,13 +647,15 @@ class RayTransport(Transport):
     def placement(self) -> Dict[str, Any]:
         """``ray_actors``: the clients each actor hosts; ``ray_actors_reused``: how many of
         those actors an earlier run had started (``reuse_actors``); ``ray_direct_channels``:
-        how many actors the driver reached by a direct channel; ``ray_channel_failures``
-        (only if any): the actors whose channel could not be opened, and why."""
+        how many actors the driver reached by a direct channel, and ``ray_channel_tls``
+        whether those channels are TLS; ``ray_channel_failures`` (only if any): the actors
+        whose channel could not be opened, and why."""
         out = {"ray_actors": [list(group) for group in self.groups],
                "ray_actors_reused": self.reused_actors}
         if self._direct or self.channel_failures:
             out["ray_direct_channels"] = sum(isinstance(c, ChannelClient)
                                              for c in self._direct.values())
+            out["ray_channel_tls"] = self._tls
         if self.channel_failures:
             out["ray_channel_failures"] = list(self.channel_failures)
         return out
@@ -667,7 +669,7 @@ class RayTransport(Transport):
             # answered after the actor's construction and before this broadcast, which goes
             # as an actor call: the next finds the channel open
             self._direct[actor] = self.actors[actor].open_channel.remote(
-                self._secret, self._channel_ports)
+                self._secret, self._channel_ports, self._tls)
             return None
         state = self._direct.get(actor)
         if state is None or isinstance(state, ChannelClient):
@@ -691,7 +693,7 @@ class RayTransport(Transport):
                                  "host could not be opened", warn=False)
             return None
         try:
-            channel = ChannelClient(address, self._secret)
+            channel = ChannelClient(address, self._secret, tls=self._tls_context())
         except (OSError, ChannelError) as error:
             self._direct[actor] = None
             if _died(ray, self.actors[actor]):
@@ -701,6 +703,14 @@ class RayTransport(Transport):
             return None
         self._direct[actor] = channel
         return channel
+
+    def _tls_context(self):
+        """The driver's TLS context for the channels (None without TLS), made once."""
+        if not self._tls:
+            return None
+        if self._tls_client is None:
+            self._tls_client = channel_module.tls_context(server_side=False)
+        return self._tls_client
 
     def _channel_failed(self, actor: int, address: Optional[Sequence], reason: str,
                         warn: bool = True) -> None:

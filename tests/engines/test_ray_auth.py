@@ -20,6 +20,7 @@ What is checked (each claim of docs/security.md and the README's Ray section):
   ``allow_unauthenticated_cluster=True``, recorded in ``info["ray_authentication"]``.
 """
 
+import json
 import os
 import shutil
 import stat
@@ -566,3 +567,54 @@ def test_a_started_instance_keeps_its_session_files_in_a_folder_removed_at_shutd
         assert os.path.basename(folder).startswith("fedmcmc-ray-")
     assert not ray.is_initialized()
     assert not os.path.exists(folder)
+
+
+TLS_RUN = r"""
+import json, os, sys
+import jax.numpy as jnp
+import numpy as np
+import fedmcmc as fm
+from fedmcmc.engines.handoff import sample_protocol
+
+rs = np.random.default_rng(0)
+federation = fm.Federation([{"x": rs.normal(1.0, 1.0, size=(n, 2)).astype(np.float32)}
+                            for n in (30, 50, 20)])
+model = fm.Model(log_prior=lambda mu: -0.5 * jnp.sum(mu ** 2),
+                 log_likelihood=lambda mu, ex: -0.5 * jnp.sum((ex["x"] - mu) ** 2))
+protocol = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10).handoff_protocol()
+kw = dict(init=jnp.zeros(2), num_samples=20, burn_in=0, thin=5, chains=2, seed=3)
+on_ray = sample_protocol(protocol, model, federation, engine="ray", visit_timeout=120.0,
+                         ray_init_options={"num_cpus": 2, "_temp_dir": sys.argv[1]}, **kw)
+local = sample_protocol(protocol, model, federation, engine="local", **kw)
+print(json.dumps({
+    "channels": on_ray.info.get("ray_direct_channels", 0),
+    "tls": on_ray.info.get("ray_channel_tls"),
+    "failures": on_ray.info.get("ray_channel_failures", []),
+    "authentication": on_ray.info.get("ray_authentication"),
+    "largest_difference": float(np.max(np.abs(on_ray.flat_samples() - local.flat_samples()))),
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_on_a_tls_instance_the_direct_channels_are_tls_and_give_the_same_draws(tmp_path):
+    """With RAY_USE_TLS the engine's own instance speaks TLS, and the driver reaches every
+    actor through a TLS direct channel made with the same files: no channel failure, and the
+    draws of the in-process run of the same protocol."""
+    cert, key = _openssl_certificate(str(tmp_path), "cluster")
+    tls = {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": cert, "RAY_TLS_SERVER_KEY": key,
+           "RAY_TLS_CA_CERT": cert}
+    temp_dir = _short_temp_dir()
+    try:
+        out = subprocess.run([sys.executable, "-c", TLS_RUN, temp_dir],
+                             env=_env_without_auth(**tls), capture_output=True, text=True,
+                             timeout=4 * CHILD_TIMEOUT)
+        assert out.returncode == 0, out.stderr[-3000:]
+        figures = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert figures["channels"] == 3 and figures["tls"] is True, figures
+    assert figures["failures"] == [], figures
+    assert figures["authentication"] == "token"
+    assert figures["largest_difference"] <= 1e-5, figures

@@ -174,7 +174,7 @@ def test_a_channel_that_cannot_be_opened_leaves_actor_calls_and_says_so(local_ra
     attempts = []
 
     class Firewalled:
-        def __init__(self, address, secret, timeout=None):
+        def __init__(self, address, secret, timeout=None, tls=None):
             attempts.append(address)
             raise ConnectionRefusedError(111, "Connection refused")
 
@@ -246,15 +246,15 @@ def test_channels_listen_in_the_port_range_given_and_a_full_range_is_reported(lo
         taken.close()
 
 
-def test_with_ray_tls_the_channels_stay_off(monkeypatch):
-    """The channels are authenticated, not encrypted: under Ray's TLS the broadcasts stay
-    encrypted actor calls, and asking for the channels is refused."""
+def test_with_ray_tls_the_channels_are_on_and_in_tls(monkeypatch):
+    """Under Ray's TLS the channels are TLS too (test_channel.py checks the TLS channel
+    itself): the option is on by default and True is accepted; False turns them off."""
     from fedmcmc.engines.ray_engine import direct_channel_wanted
 
-    monkeypatch.delenv("RAY_USE_TLS", raising=False)
-    assert direct_channel_wanted(None) and direct_channel_wanted(True)
-    assert not direct_channel_wanted(False)
-    monkeypatch.setenv("RAY_USE_TLS", "1")
-    assert not direct_channel_wanted(None) and not direct_channel_wanted(False)
-    with pytest.raises(ValueError, match="direct_channel=True.*TLS"):
-        direct_channel_wanted(True)
+    for tls in (None, "1"):
+        if tls is None:
+            monkeypatch.delenv("RAY_USE_TLS", raising=False)
+        else:
+            monkeypatch.setenv("RAY_USE_TLS", tls)
+        assert direct_channel_wanted(None) and direct_channel_wanted(True)
+        assert not direct_channel_wanted(False)

@@ -599,7 +599,7 @@ def test_fed_zigzag_on_ray_identical_to_in_process_and_exact(zigzag_runs):
     assert ok, figures
     assert on_ray.info["engine"] == "ray" and len(on_ray.info["client_locations"]) == 4
     # the event rounds went through the actors' direct channels (test_ray_channel.py)
-    assert on_ray.info["ray_direct_channels"] == 4
+    assert on_ray.info["ray_direct_channels"] == 4 and on_ray.info["ray_channel_tls"] is False
 
 
 def test_fed_pdmp_worker_messages_are_parameter_sized(zigzag_runs):

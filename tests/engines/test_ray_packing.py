@@ -241,7 +241,7 @@ def test_call_each_sends_one_actor_call_per_actor_and_keeps_failures_per_client(
         assert [v.size for v in (values[0], values[2])] == [3, 6] and values[1] is None  # rows
         assert [p.client for p, _ in failures] == [2]
         assert transport.placement() == {"ray_actors": [[0, 1, 2], [3]], "ray_actors_reused": 0,
-                                         "ray_direct_channels": 2}
+                                         "ray_direct_channels": 2, "ray_channel_tls": False}
     finally:
         transport.close()
 
