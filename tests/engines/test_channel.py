@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from certificates import openssl_certificate
 
 from fedmcmc.engines import channel as ch
 from fedmcmc.engines.channel import (
@@ -39,6 +40,14 @@ def reply_of(client: ChannelClient, timeout: float = 10.0):
     frames = wait_for_frames([client], timeout)[0]
     assert not isinstance(frames, Exception), frames
     return frames
+
+
+def check_doubling_and_close(client: ChannelClient) -> None:
+    """One request on ``client`` answered (doubled), then the channel closed."""
+    client.send(pickle.dumps(np.ones(2)))
+    [(_, payload)] = reply_of(client)
+    np.testing.assert_array_equal(pickle.loads(payload), np.full(2, 2.0))
+    client.close()
 
 
 def test_requests_are_answered_in_order_with_their_sequence_numbers():
@@ -78,11 +87,7 @@ def test_a_wrong_secret_gets_no_channel_and_the_right_driver_still_connects():
         # a connection that never completes the handshake is dropped too
         stray = socket.create_connection(server.address, timeout=5)
         stray.close()
-        client = ChannelClient(server.address, SECRET)
-        client.send(pickle.dumps(np.ones(2)))
-        [(_, payload)] = reply_of(client)
-        np.testing.assert_array_equal(pickle.loads(payload), np.full(2, 2.0))
-        client.close()
+        check_doubling_and_close(ChannelClient(server.address, SECRET))
     finally:
         server.close()
 
@@ -259,19 +264,6 @@ def test_a_port_range_is_honoured_and_its_exhaustion_named():
 
 # ------------------------------------------------------------------------------------ TLS
 
-def _certificate(directory, name):
-    """A self-signed certificate (its own CA) and key for 127.0.0.1, made with openssl."""
-    import subprocess
-
-    cert, key = os.path.join(directory, f"{name}.crt"), os.path.join(directory, f"{name}.key")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-sha256", "-days", "1", "-nodes",
-         "-keyout", key, "-out", cert, "-subj", f"/CN={name}",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60)
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):
     import shutil
@@ -279,8 +271,8 @@ def tls_files(tmp_path_factory):
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
     directory = str(tmp_path_factory.mktemp("tls"))
-    cert, key = _certificate(directory, "cluster")
-    other_cert, other_key = _certificate(directory, "other")
+    cert, key = openssl_certificate(directory, "cluster")
+    other_cert, other_key = openssl_certificate(directory, "other")
     return {"cluster": {"RAY_TLS_SERVER_CERT": cert, "RAY_TLS_SERVER_KEY": key,
                         "RAY_TLS_CA_CERT": cert},
             "other": {"RAY_TLS_SERVER_CERT": other_cert, "RAY_TLS_SERVER_KEY": other_key,
@@ -324,12 +316,8 @@ def test_with_tls_a_peer_without_the_cas_certificate_gets_no_channel(tls_files):
         with pytest.raises((ChannelError, OSError)):
             ChannelClient(server.address, SECRET, timeout=5.0,
                           tls=ch.tls_context(False, tls_files["other"]))
-        client = ChannelClient(server.address, SECRET,
-                               tls=ch.tls_context(False, tls_files["cluster"]))
-        client.send(pickle.dumps(np.ones(2)))
-        [(_, payload)] = reply_of(client)
-        np.testing.assert_array_equal(pickle.loads(payload), np.full(2, 2.0))
-        client.close()
+        check_doubling_and_close(ChannelClient(server.address, SECRET,
+                                               tls=ch.tls_context(False, tls_files["cluster"])))
     finally:
         server.close()
     impostor = ChannelServer(LOOPBACK, SECRET, doubling,

@@ -30,6 +30,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from certificates import openssl_certificate
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray", reason="engine='ray' needs ray (pip install 'fedmcmc[ray]')")
@@ -496,25 +497,14 @@ with ray_session(init_options={"num_cpus": 1, "_temp_dir": sys.argv[1]}) as ray:
 """
 
 
-def _openssl_certificate(directory, name):
-    """A self-signed certificate (its own CA) and key for 127.0.0.1, made with openssl."""
-    cert, key = os.path.join(directory, f"{name}.crt"), os.path.join(directory, f"{name}.key")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-sha256", "-days", "1", "-nodes",
-         "-keyout", key, "-out", cert, "-subj", f"/CN={name}",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True, timeout=60)
-    return cert, key
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls_instance_admits_only_clients_with_a_certificate_from_its_ca(tmp_path):
     """RAY_USE_TLS (docs/security.md): with token and TLS, a client without TLS, with another
     CA, or whose own certificate is not from the CA does not connect within 30 s and runs
     nothing; with the CA's certificate and the token it runs a task."""
-    cert, key = _openssl_certificate(str(tmp_path), "cluster")
-    other_cert, other_key = _openssl_certificate(str(tmp_path), "other")
+    cert, key = openssl_certificate(str(tmp_path), "cluster")
+    other_cert, other_key = openssl_certificate(str(tmp_path), "other")
     tls = {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": cert, "RAY_TLS_SERVER_KEY": key,
            "RAY_TLS_CA_CERT": cert}
     temp_dir = _short_temp_dir()
@@ -602,7 +592,7 @@ def test_on_a_tls_instance_the_direct_channels_are_tls_and_give_the_same_draws(t
     """With RAY_USE_TLS the engine's own instance speaks TLS, and the driver reaches every
     actor through a TLS direct channel made with the same files: no channel failure, and the
     draws of the in-process run of the same protocol."""
-    cert, key = _openssl_certificate(str(tmp_path), "cluster")
+    cert, key = openssl_certificate(str(tmp_path), "cluster")
     tls = {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": cert, "RAY_TLS_SERVER_KEY": key,
            "RAY_TLS_CA_CERT": cert}
     temp_dir = _short_temp_dir()
