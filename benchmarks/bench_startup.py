@@ -28,9 +28,9 @@ the seconds spent tracing, lowering and compiling-or-loading.
 default here: one actor per CPU; ``default``: the engine's default, one actor per client; or
 N) after a warm
 local run, cold and warm cache, each in a fresh process; Ray's own start is included. The
-child starts Ray itself, as a user's script would, and runs a second time: that run's clients
-are hosted by the first run's actors (the engine option ``reuse_actors``), and its time is
-printed against the local run's.
+child starts Ray itself, as a user's script would, and runs a second time with another seed:
+that run's clients are hosted by the first run's actors (the engine option ``reuse_actors``),
+and its time is printed against the local run's.
 With it, ``floor``: a fresh process that starts Ray the same way and as many actors as the
 run had, each only importing fedmcmc (hence JAX) and running one tiny compiled operation:
 what the processes alone cost, before any client work. Its ratio to the local engine's warm
@@ -136,8 +136,8 @@ with session:
         "setup_phases": result.info.get("setup_phases"),
         "actors": len(result.info.get("ray_actors", [])),
     }
-    if again:
-        repeat = run()
+    if again:  # another seed, as a user's next run (the same seed would be a repeat)
+        repeat = run(seed=1)
         figures.update(again=time.perf_counter() - finished,
                        reused=repeat.info.get("ray_actors_reused", 0))
     elif engine == "local":  # the next run in this process, with another seed
@@ -193,7 +193,8 @@ def floor(actors: int, cache_dir: str) -> dict:
 def child(family: str, engine: str, mode: str, cache_dir: str | None,
           clients_per_actor: str = "default") -> dict:
     """Run one fresh process; ``mode`` is off, cold or warm. On Ray the child starts Ray
-    itself and runs twice: ``again`` is the second run, on the first run's actors."""
+    itself and runs twice: ``again`` is the second run (another seed), on the first run's
+    actors."""
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
@@ -274,7 +275,8 @@ def main() -> None:
                   f"{ray[mode]['run']:.2f} / {local[mode]['run']:.2f} s = "
                   f"{ray[mode]['run'] / local[mode]['run']:.1f}x")
         for mode in ("cold", "warm"):
-            print(f"  Ray second run on the same instance ({ray[mode]['reused']} actors reused), "
+            print(f"  Ray second run on the same instance, another seed "
+                  f"({ray[mode]['reused']} actors reused), "
                   f"{mode} cache: {ray[mode]['again']:.2f} s = "
                   f"{ray[mode]['again'] / local[mode]['run']:.1f}x the local run")
         actors = ray["cold"]["actors"]

@@ -88,6 +88,7 @@ class HandoffClient(ClientEndpoint):
                                       spec["num_clients"], spec["seed"])
         self.parameters: Dict[str, Any] = {}
         self._visit = None
+        self._root = None  # the run's key, made when the visit is first configured
 
     def describe(self):
         return describe_client(self._raw_data)
@@ -118,7 +119,7 @@ class HandoffClient(ClientEndpoint):
         carry = self.protocol.init_carry(
             np.zeros((self.context.flat_model.dim,), self.context.flat_model.dtype))
         jax.block_until_ready(self._visit(np.int32(0), carry, np.int32(0), self.parameters,
-                                          self.context.data.data))
+                                          self.context.data.data, self._root_key))
 
     def visit(self, chain: int, carry, iteration: int):
         """``local_steps`` updates of ``chain`` from ``carry`` at global iteration ``iteration``.
@@ -132,7 +133,7 @@ class HandoffClient(ClientEndpoint):
         # NumPy arguments: no eager JAX op per call (each costs ~1 ms on a loaded machine)
         final, positions = self._visit(
             np.int32(chain), tuple(np.asarray(leaf) for leaf in carry), np.int32(iteration),
-            self.parameters, self.context.data.data)
+            self.parameters, self.context.data.data, self._root_key)
         ends = iteration + 1 + np.arange(steps)
         keep = ends % thin == 0
         draws = np.asarray(positions)[keep]
@@ -146,7 +147,11 @@ class HandoffClient(ClientEndpoint):
         if not getattr(protocol, "update_reads_only_rows", False):
             return self._new_visit()
         layout = self.context.data
-        key = (self.context.flat_model, tuple(sorted(self.spec.items())),
+        # not the seed: the run's key is an argument of the visit, so a reused actor's
+        # clients keep their traced visit in a run with another seed
+        key = (self.context.flat_model,
+               tuple(sorted((name, value) for name, value in self.spec.items()
+                            if name != "seed")),
                tuple(np.asarray(layout.offsets).tolist()),
                tuple(np.asarray(layout.sizes).tolist()))
         try:
@@ -157,20 +162,26 @@ class HandoffClient(ClientEndpoint):
             visits[key] = self._new_visit()
         return visits[key]
 
+    @property
+    def _root_key(self):
+        """The run's key (from ``spec["seed"]``; one compiled program, not two eager ones)."""
+        if self._root is None:
+            self._root = rng.seed_key(self.spec["seed"])
+        return self._root
+
     def _new_visit(self):
         protocol, context = self.protocol, self.context
-        root = rng.seed_key(self.spec["seed"])  # one compiled program, not two eager ones
         chains, thin, steps = self.spec["chains"], self.spec["thin"], protocol.local_steps
 
         layout = context.data
 
         # the rows are an argument, not constants of the program: clients of the same shapes
         # (and the same protocol and model) then lower to the same program, compiled once per
-        # machine and read back from the compilation cache by the others; so are the run's key
-        # and what the visit closes over (jit_with_constants_as_arguments): a run with another
-        # seed, or on other rows, is the same program too
+        # machine and read back from the compilation cache by the others; so is the run's key
+        # (a run with another seed is the same traced visit) and what the visit closes over
+        # (jit_with_constants_as_arguments): a run on other rows is the same program too
         @jit_with_constants_as_arguments
-        def visit(chain, carry, iteration, parameters, rows):
+        def visit(chain, carry, iteration, parameters, rows, root):
             rows_layout = dataclasses.replace(layout, data=rows)
             update = protocol.build_update(context._replace(data=rows_layout), parameters)
 

@@ -73,8 +73,8 @@ def test_surrogate_fits_reuse_their_trace_for_new_clients_of_the_same_shapes():
     assert surrogates._modes_program._cache_size() == traced[0] + 1
 
 
-def _client(index, rows, protocol):
-    spec = {"seed": 0, "chains": 2, "thin": 1, "num_clients": 3}
+def _client(index, rows, protocol, seed=0):
+    spec = {"seed": seed, "chains": 2, "thin": 1, "num_clients": 3}
     return HandoffClient(index, rows, MODEL, INIT, protocol, spec)
 
 
@@ -87,7 +87,7 @@ def test_visits_of_same_shaped_clients_lower_to_one_program():
     def program(client):
         carry = protocol.init_carry(np.zeros(4, np.float32))
         return client._visit.lower(np.int32(0), carry, np.int32(0), client.parameters,
-                                   client.context.data.data).as_text()
+                                   client.context.data.data, client._root_key).as_text()
 
     texts = [program(client) for client in clients]
     assert texts[0] == texts[1]  # the rows are an argument, not constants of the program
@@ -99,6 +99,27 @@ def test_visits_of_same_shaped_clients_lower_to_one_program():
     carry = protocol.init_carry(np.zeros(4, np.float32))
     ends = [clients[s].visit(0, carry, 0)[0][0] for s in (0, 1)]
     assert not np.allclose(ends[0], ends[1])
+
+
+def test_a_run_with_another_seed_keeps_the_traced_visit_and_makes_its_own_draws():
+    # a reused Ray actor hosts the next run's clients: another seed must not trace the visit
+    # again (the run's key is an argument), and its draws must be the new seed's
+    protocol = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
+    rows = _rows(0, 30)
+    clients = [_client(0, rows, protocol, seed=seed) for seed in (0, 1, 0)]
+    for client in clients:
+        client.configure({"weight": np.float32(1 / 3)})
+    assert clients[0]._visit is clients[1]._visit is clients[2]._visit
+    carry = protocol.init_carry(np.zeros(4, np.float32))
+    ends = [client.visit(0, carry, 0)[0][0] for client in clients]
+    assert not np.allclose(ends[0], ends[1])  # seed 1's noise, not seed 0's
+    np.testing.assert_array_equal(ends[0], ends[2])  # seed 0 again: the same draws
+    # and a client built alone for seed 1 (its own trace) makes seed 1's draws
+    fresh = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
+    alone = _client(0, rows, fresh, seed=1)
+    alone.configure({"weight": np.float32(1 / 3)})
+    assert alone._visit is not clients[1]._visit
+    np.testing.assert_array_equal(alone.visit(0, carry, 0)[0][0], ends[1])
 
 
 def test_a_protocol_that_does_not_promise_it_gets_a_visit_per_client():
