@@ -154,7 +154,9 @@ def _find_modes(flat_model, padded, theta0, num_clients, iterations):
 def _modes_program(flat_model, num_clients, iterations, theta0, data, mask):
     import optax
 
-    objective = _client_objective(flat_model, num_clients)
+    # one jitted objective for all of L-BFGS's call sites (its step and the line search's
+    # branches differentiate it several times): traced once, its derivatives' jaxprs cached
+    objective = jax.jit(_client_objective(flat_model, num_clients))
 
     def one_client(data, mask):
         fun = lambda theta: objective(theta, data, mask)  # noqa: E731
