@@ -145,9 +145,10 @@ class HandoffProtocol:
     local_steps: int = 1
     divergence_threshold: float = 1e10
     #: ``True`` promises that :meth:`build_update` reads nothing of its context but
-    #: ``flat_model`` and ``data`` (no ``index``, ``store`` or ``raw_data``): clients of the
-    #: same shapes in one process (several clients in one Ray actor) then share one traced
-    #: visit. Leave ``False`` (every client traces its own) when unsure.
+    #: ``flat_model`` and ``data`` (no ``index``, ``seed``, ``store`` or ``raw_data``): clients
+    #: of the same shapes in one process (several clients in one Ray actor, or the clients of
+    #: a reused actor's next run, whatever its seed) then share one traced visit. Leave
+    #: ``False`` (every client traces its own) when unsure.
     update_reads_only_rows: bool = False
 
     # ------------------------------------------------------------------ chain carry
