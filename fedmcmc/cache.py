@@ -43,7 +43,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict, Iterator, Sequence
 
 try:  # POSIX; elsewhere first_on_node does not wait
     import fcntl
@@ -245,17 +245,7 @@ def first_on_node(*key_parts: Any, max_wait: float = 600.0, poll: float = 0.05
         yield False
         return
     with handle:
-        deadline = time.monotonic() + max_wait
-        locked = False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                locked = True
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(poll)
+        locked = _flock_one_of([handle], max_wait, poll) is not None
         # holding the lock without a marker: nobody did the work yet, or the first failed
         # (then this one becomes first for the ones still waiting)
         first = locked and not marker.exists()
@@ -270,6 +260,24 @@ def first_on_node(*key_parts: Any, max_wait: float = 600.0, poll: float = 0.05
         finally:
             if locked:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _flock_one_of(handles: Sequence[Any], max_wait: float, poll: float, start: int = 0):
+    """An exclusive ``flock`` on one of ``handles`` (open lock files, tried in turn from
+    ``start``), retried every ``poll`` seconds for up to ``max_wait`` seconds: the handle
+    locked, or None when none came free in time."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        for offset in range(len(handles)):
+            handle = handles[(start + offset) % len(handles)]
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return handle
+            except BlockingIOError:
+                continue
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(poll)
 
 
 def usable_cpus() -> int:
@@ -328,23 +336,11 @@ def node_slot(slots: int | None = None, *, max_wait: float = 600.0, poll: float 
         return
     held = None
     try:
-        deadline = time.monotonic() + max_wait
-        start = os.getpid() % count  # processes try the places in different orders
-        while held is None:
-            for offset in range(count):
-                handle = handles[(start + offset) % count]
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                held = handle
-                with _slots_lock:
-                    _slots_held += 1
-                break
-            if held is None:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(poll)
+        # processes try the places in different orders
+        held = _flock_one_of(handles, max_wait, poll, start=os.getpid() % count)
+        if held is not None:
+            with _slots_lock:
+                _slots_held += 1
         yield held is not None
     finally:
         if held is not None:
