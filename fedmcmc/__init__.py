@@ -8,6 +8,9 @@
 from . import cache  # noqa: F401 - first: switches on the persistent compilation cache
 from . import datasets, diagnostics, models, partition, surrogates
 from .api import sample
+from . import convergence, run_length
+from .convergence import ConvergenceCheck, ConvergenceWarning
+from .run_length import RunLengthWarning
 from .baselines import FALD, QLSD, ConsensusMC
 from .decentralised import DULA, GTDULA
 from .federation import Federation
@@ -26,6 +29,11 @@ __all__ = [
     "sample",
     "Result",
     "SamplingDivergedError",
+    "ConvergenceWarning",
+    "ConvergenceCheck",
+    "RunLengthWarning",
+    "convergence",
+    "run_length",
     "SGLD",
     "DSGLD",
     "FSGLD",

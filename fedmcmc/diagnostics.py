@@ -25,6 +25,7 @@ import numpy as np
 __all__ = [
     "bias_estimate",
     "ess",
+    "ess_tail",
     "rhat",
     "wasserstein_marginal",
     "wasserstein_joint",
@@ -109,6 +110,14 @@ def ess(draws: Any, method: str = "bulk") -> np.ndarray:
     import arviz as az
 
     return np.array([float(az.ess(array[:, :, i], method=method)) for i in range(array.shape[2])])
+
+
+def ess_tail(draws: Any) -> np.ndarray:
+    """Tail effective sample size per coordinate (ArviZ ``az.ess(method="tail")``): the smaller
+    of the ESS of the 5% and 95% quantile indicators on split chains, ArviZ's numbers without
+    importing ArviZ. Returns an array of shape ``(dim,)``."""
+    array = _chains(draws)
+    return np.array([_tail_ess(array[:, :, i]) for i in range(array.shape[2])])
 
 
 def rhat(draws: Any, method: str = "rank") -> np.ndarray:
@@ -357,6 +366,18 @@ def _bulk_ess(values: np.ndarray) -> float:
     return _ess_of_chains(_rank_normalised(_split_chains(values)))
 
 
+def _tail_ess(values: np.ndarray) -> float:
+    """Tail effective sample size of one scalar's (C, N) draws: the smaller ESS of the
+    indicators ``draw <= q05`` and ``draw <= q95`` of the split chains (the paper's section
+    4.3; ArviZ's ``ess(method="tail")``)."""
+    values = np.asarray(values, np.float64)
+    if not _valid(values):
+        return float("nan")
+    split = _split_chains(values)
+    return min(_ess_of_chains((split <= np.quantile(values, probability)).astype(np.float64))
+               for probability in (0.05, 0.95))
+
+
 def _split_rhat(values: np.ndarray) -> float:
     """R-hat of (C, N) chains as given (the paper's equations 3-4): sqrt of the pooled
     variance estimate over the mean within-chain variance."""
@@ -374,7 +395,12 @@ def _rank_rhat(values: np.ndarray) -> float:
     values = np.asarray(values, np.float64)
     if not _valid(values, min_chains=2):
         return float("nan")
-    split = _split_chains(values)
+    return _rank_rhat_of_split(_split_chains(values))
+
+
+def _rank_rhat_of_split(split: np.ndarray) -> float:
+    """:func:`_rank_rhat` of chains already split (also one chain's two halves: the split
+    R-hat of a single chain, which ArviZ leaves nan)."""
     folded = np.abs(split - np.median(split))  # about the split draws' median, as ArviZ
     return max(_split_rhat(_rank_normalised(split)), _split_rhat(_rank_normalised(folded)))
 
