@@ -58,7 +58,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError,
+                      field_validator, model_validator)
 
 from .model import Model
 from .algorithm import Algorithm
@@ -126,7 +127,8 @@ class AlgorithmSection(_Strict):
     name: str = Field(min_length=1, description="class name on the fedmcmc namespace, e.g. FSGLD")
     label: Optional[str] = Field(default=None, description="unique label in reports (default: name)")
     params: Dict[str, Any] = Field(default_factory=dict)
-    thin: Optional[int] = Field(default=None, ge=1, description="overrides the top-level thin")
+    thin: Optional[Union[PositiveInt, Literal["auto"]]] = Field(
+        default=None, description="overrides the top-level thin (an integer or 'auto')")
     options: Dict[str, Any] = Field(default_factory=dict,
                                     description="extra run options passed to fm.sample")
 
@@ -166,8 +168,12 @@ class ExperimentConfig(_Strict):
     init: Optional[Any] = Field(default=None, description="initial parameters (default: the model's)")
     algorithms: List[AlgorithmSection] = Field(min_length=1)
     num_samples: int = Field(ge=1)
-    burn_in: int = Field(default=0, ge=0)
-    thin: int = Field(default=1, ge=1)
+    burn_in: Union[NonNegativeInt, Literal["auto"]] = Field(
+        default=0, description="draws discarded, or 'auto' (from the predicted relaxation time)")
+    thin: Union[PositiveInt, Literal["auto"]] = Field(
+        default=1, description="iterations per draw, or 'auto' (one predicted relaxation time)")
+    max_iterations: Optional[PositiveInt] = Field(
+        default=None, description="iterations per chain an 'auto' setting may plan")
     chains: int = Field(default=1, ge=1)
     seed: int = 0
     engine: str = "local"
@@ -363,7 +369,8 @@ class Experiment:
             "init": config.init,
             "algorithm": section.model_dump(mode="json"),
             "sampling": [config.num_samples, config.burn_in, config.thin, config.chains,
-                         config.seed, config.engine, config.checkpoint.chunk_size],
+                         config.seed, config.engine, config.checkpoint.chunk_size]
+            + ([config.max_iterations] if config.max_iterations is not None else []),
             "data_digest": _data_digest(self.federation),
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -150,13 +150,29 @@ def summarise(results: Dict[str, Any], reference, names: List[str], config, stat
             "messages": info.get("messages"),
             "floats_communicated": info.get("floats_communicated"),
             "iterations": info.get("iterations"),
+            "thin": info.get("thin"),
+            "burn_in": info.get("burn_in"),
+            "sample_interval": info.get("sample_interval"),
         }
         pooled = _finite_draws(flat)
         finite_chains = np.all(np.isfinite(flat), axis=(1, 2))
         if pooled.shape[0] >= 2:
             entry["mean"] = pooled.mean(axis=0).tolist()
             entry["sd"] = pooled.std(axis=0).tolist()
-        if kept >= 4 and finite_chains.any():
+        figures = info.get("diagnostics")
+        if isinstance(figures, dict) and len(figures.get("r_hat") or []) == dim:
+            # the run's own convergence check (fedmcmc.convergence), one chain's split R-hat
+            # included
+            entry["ess"] = figures["ess_bulk"]
+            entry["ess_tail"] = figures["ess_tail"]
+            entry["rhat"] = figures["r_hat"]
+            entry["min_ess"] = figures.get("min_ess_bulk")
+            entry["max_rhat"] = figures.get("max_r_hat")
+            entry["converged"] = figures.get("converged")
+            wall = float(info.get("wall_time") or 0.0)
+            entry["ess_per_second"] = (float(entry["min_ess"]) / wall
+                                       if wall > 0 and entry["min_ess"] is not None else None)
+        elif kept >= 4 and finite_chains.any():
             good = flat[finite_chains]
             ess = diagnostics.ess(good)
             entry["ess"] = ess.tolist()
@@ -169,7 +185,9 @@ def summarise(results: Dict[str, Any], reference, names: List[str], config, stat
         if reference is not None and pooled.shape[0] >= 2:
             entry["distances"] = diagnostics.compare(pooled, reference.draws, max_points=max_points)
             entry["error_curve"] = error_curve(
-                flat, reference.draws, info, result.sample_stats, config.burn_in, curve_points
+                flat, reference.draws, info, result.sample_stats,
+                int(info.get("burn_in", 0 if config.burn_in == "auto" else config.burn_in)),
+                curve_points
             )
         out[label] = json_safe(entry)
     return out
@@ -454,7 +472,8 @@ def write_report(out_dir: Path, *, config, experiment, results, reference, summa
 
     blocks.append(("h2", "Comparison"))
     header = ["algorithm", "status", "mean marginal W1", "joint W1", "KL (Gaussian fits)", "MMD",
-              "min ESS", "ESS / s", "max R-hat", "rounds", "floats communicated", "wall time (s)"]
+              "min ESS", "ESS / s", "max R-hat", "converged", "rounds", "floats communicated",
+              "wall time (s)"]
     rows = []
     for label, entry in summary.items():
         distances = entry.get("distances") or {}
@@ -462,7 +481,9 @@ def write_report(out_dir: Path, *, config, experiment, results, reference, summa
             label, entry.get("status", ""), _fmt(distances.get("w1_marginal_mean")),
             _fmt(distances.get("w1_joint")), _fmt(distances.get("kl_gaussian")),
             _fmt(distances.get("mmd")), _fmt(entry.get("min_ess")), _fmt(entry.get("ess_per_second")),
-            _fmt(entry.get("max_rhat")), _fmt(entry.get("rounds")),
+            _fmt(entry.get("max_rhat")),
+            {True: "yes", False: "no"}.get(entry.get("converged"), "n/a"),
+            _fmt(entry.get("rounds")),
             _fmt(entry.get("floats_communicated")), _fmt(entry.get("wall_time")),
         ])
     blocks.append(("table", header, rows))
@@ -471,12 +492,19 @@ def write_report(out_dir: Path, *, config, experiment, results, reference, summa
         f"exact optimal assignment on at most {config.report.max_points} draws of each). KL: "
         "KL(N_algorithm || N_reference) between Gaussian fits, in nats. MMD: Gaussian kernel, median "
         "bandwidth. ESS: ArviZ bulk ESS, minimum over coordinates; ESS / s divides it by the "
-        "sampling wall time (compilation included). Rounds and floats: as counted by the algorithm "
+        "sampling wall time (compilation included). R-hat: rank-normalised split R-hat (one "
+        "chain: its two halves); converged: every R-hat at most 1.01 and every bulk ESS at least "
+        "100 (the run's convergence check, fedmcmc.convergence). Rounds and floats: as counted by the algorithm "
         "(result.info)."
     )))
 
     for label, entry in summary.items():
         blocks.append(("h3", f"{label} ({entry.get('algorithm')})"))
+        lengths = ", ".join(f"{key.replace('_', ' ')} {_fmt(entry[key])}"
+                            for key in ("thin", "burn_in", "sample_interval")
+                            if entry.get(key) is not None)
+        if lengths:
+            blocks.append(("p", f"Run length used: {lengths}."))
         coords = []
         reference_sd = reference.sd if reference is not None else None
         for i, name in enumerate(names[:50]):
@@ -486,12 +514,13 @@ def write_report(out_dir: Path, *, config, experiment, results, reference, summa
                 row += [_fmt(float(reference.mean[i])), _fmt(float(reference_sd[i])),
                         _fmt(((entry.get("distances") or {}).get("w1_marginal") or [None] * len(names))[i])]
             row += [_fmt((entry.get("ess") or [None] * len(names))[i]),
+                    _fmt((entry.get("ess_tail") or [None] * len(names))[i]),
                     _fmt((entry.get("rhat") or [None] * len(names))[i])]
             coords.append(row)
         head = ["coordinate", "mean", "sd"]
         if reference is not None:
             head += ["reference mean", "reference sd", "W1"]
-        head += ["ESS", "R-hat"]
+        head += ["bulk ESS", "tail ESS", "R-hat"]
         blocks.append(("table", head, coords))
         if len(names) > 50:
             blocks.append(("p", f"(first 50 of {len(names)} coordinates)"))

@@ -25,6 +25,7 @@ import json
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from .config import ConfigError, ExperimentConfig, build_experiment, load_config
 from .api import sample
+from . import convergence
 from .reference import reference_posterior
 from .results import Result, SamplingDivergedError
 from .checkpoint import Checkpointer, load_checkpoint
@@ -224,13 +226,19 @@ def run_experiment(
             console.print(f"[{position}/{total}] {label}: {algorithm!r}")
         started = time.perf_counter()
         diverged_message = None
+        if config.max_iterations is not None:
+            options.setdefault("max_iterations", config.max_iterations)
         try:
-            result = sample(
-                experiment.model, federation, algorithm, init=experiment.init,
-                num_samples=config.num_samples, burn_in=config.burn_in, thin=thin,
-                chains=config.chains, seed=config.seed, engine=config.engine,
-                progress=progress, **options,
-            )
+            # the convergence check is made below, on the draws of the whole run (a resumed
+            # run's result holds only its own): its warning goes to the console and the report
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", convergence.ConvergenceWarning)
+                result = sample(
+                    experiment.model, federation, algorithm, init=experiment.init,
+                    num_samples=config.num_samples, burn_in=config.burn_in, thin=thin,
+                    chains=config.chains, seed=config.seed, engine=config.engine,
+                    progress=progress, **options,
+                )
         except SamplingDivergedError as error:
             result = error.result
             diverged_message = str(error)
@@ -260,6 +268,16 @@ def run_experiment(
                 info["resumed_at_draw"] = int(previous["draws_done"])
                 info.pop("start_draw", None)
             result = _result_from_arrays(experiment, result.algorithm, draws, stats, info)
+        if flat_draws(result).shape[1] >= 4:
+            thresholds = convergence.ConvergenceCheck.of(options.get("convergence"))
+            figures = convergence.check(result, convergence.ConvergenceCheck(
+                max_r_hat=thresholds.max_r_hat, min_ess_bulk=thresholds.min_ess_bulk,
+                min_ess_tail=thresholds.min_ess_tail, warn=False))
+            info["diagnostics"] = figures
+            if not figures["converged"] and thresholds.warn and diverged_message is None:
+                text = convergence.message(label, result.info, figures, thresholds)
+                notes.append(f"ConvergenceWarning: {text}")
+                console.warn(f"ConvergenceWarning: {text}")
         if diverged_message is not None:
             status[label] = "diverged"
             notes.append(f"{label}: {diverged_message}")
@@ -279,8 +297,10 @@ def run_experiment(
             # Finished: store draws and figures so --resume does not rerun it.
             checkpointer.draws = [flat_draws(result)]
             checkpointer.stats = [{k: np.asarray(v) for k, v in result.sample_stats.items()}]
-            checkpointer.first_index = config.burn_in
-            checkpointer.draws_done = config.burn_in + int(flat_draws(result).shape[1])
+            burn_in_used = int(info.get("burn_in", 0 if config.burn_in == "auto"
+                                        else config.burn_in))
+            checkpointer.first_index = burn_in_used
+            checkpointer.draws_done = burn_in_used + int(flat_draws(result).shape[1])
             if checkpointer.states is None:
                 checkpointer.states = [np.zeros(0)]
                 checkpointer.meta["no_states"] = True
@@ -323,10 +343,13 @@ def run_experiment(
     for label, entry in summary.items():
         distance = (entry.get("distances") or {}).get("w1_marginal_mean")
         min_ess = entry.get("min_ess")
+        max_rhat = entry.get("max_rhat")
         console.print(
             f"  {label:<16} {entry['status']:<11} "
             f"W1 {'n/a' if distance is None else format(distance, '.4g')}  "
-            f"min ESS {'n/a' if min_ess is None else format(min_ess, '.0f')}"
+            f"min ESS {'n/a' if min_ess is None else format(min_ess, '.0f')}  "
+            f"max R-hat {'n/a' if max_rhat is None else format(max_rhat, '.3f')}"
+            + ("" if entry.get("converged") is not False else "  (not converged)")
         )
     console.print(f"report: {out_dir / 'report.md'}")
     return RunOutcome(out_dir=out_dir, results=results, summary=summary, status=status,

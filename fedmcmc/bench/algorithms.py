@@ -26,9 +26,11 @@ Rules (step sizes in the papers' Langevin convention, ``theta + (h/2) grad + N(0
     client per update). Batch size 32 everywhere (an upper bound: smaller clients use
     all their rows); 10 local steps per visit/round (DSGLD, FSGLD, FA-LD).
 ``thin`` (every iterative sampler)
-    ``ceil(2 / (h lam_min))`` iterations per kept draw: one relaxation time of the
-    slowest direction of the Langevin diffusion, so that kept draws are nearly
-    independent. An ``"auto"`` step size runs the same number of iterations.
+    The library's own run lengths, ``thin="auto"`` and ``burn_in="auto"``
+    (:mod:`fedmcmc.run_length`: one predicted relaxation time per draw), where the
+    algorithm offers them (``supports_run_request``; PDMPs: ``sample_interval="auto"``);
+    otherwise ``ceil(2 / (h lam_min))`` iterations per kept draw: one relaxation time of
+    the slowest direction of the Langevin diffusion, and the budget's burn-in.
 DULA / GT-DULA
     Full-batch local gradients, the default ring graph, ``alpha = 0.05 / lam_max``
     (the network average is a Langevin chain with ``h = 2 alpha``, so ``h lam_max = 0.1``
@@ -85,6 +87,8 @@ class Budget:
     burn_in: int
     seconds: Optional[float] = None
     grace_seconds: Optional[float] = None
+    #: the library's run lengths (thin/burn_in "auto") where an algorithm offers them
+    auto_run_length: bool = True
 
     def __post_init__(self):
         for name in ("seconds", "grace_seconds"):
@@ -144,7 +148,13 @@ class Context:
     def thin(self, h: float) -> int:
         return max(1, int(math.ceil(2.0 / (h * self.laplace.eig_min))))
 
-    def run(self, thin: int) -> Dict[str, Any]:
+    def run(self, thin: int, algorithm: Any = None) -> Dict[str, Any]:
+        """``fm.sample``'s run-length keywords: the library's own (``thin="auto"``,
+        ``burn_in="auto"``) where ``algorithm`` offers them, else the rule's ``thin`` and the
+        budget's burn-in."""
+        if getattr(algorithm, "supports_run_request", False) and self.budget.auto_run_length:
+            return dict(chains=self.budget.chains, num_samples=self.budget.num_samples,
+                        burn_in="auto", thin="auto")
         return dict(chains=self.budget.chains, num_samples=self.budget.num_samples,
                     burn_in=self.budget.burn_in, thin=int(thin))
 
@@ -178,10 +188,10 @@ def _langevin(rows: Callable[["Context"], float], extra: Dict[str, Any], local_s
         if local_steps:
             common["local_steps"] = LOCAL_STEPS
         algorithm, auto = _with_auto(cls, {"step_size": "auto"}, {"step_size": h}, common)
-        thin = ctx.thin(h)
+        run = ctx.run(ctx.thin(h), algorithm)
         step = "step_size=auto" if auto else f"step_size={_fmt(h)} (rule)"
-        settings = f"{step}, {_describe(common)}, thin={thin}"
-        return Plan(algorithm, ctx.run(thin), settings, auto)
+        settings = f"{step}, {_describe(common)}, thin={run['thin']}"
+        return Plan(algorithm, run, settings, auto)
 
     return make
 
@@ -219,10 +229,11 @@ def _decentralised(tracking: bool):
             rule["gamma"] = 0.5 * min(beta, 1.0 / lam2)
             auto["gamma"] = "auto"
         algorithm, used_auto = _with_auto(cls, auto, rule, {})
-        thin = ctx.thin(2.0 * alpha)
+        run = ctx.run(ctx.thin(2.0 * alpha), algorithm)
         values = auto if used_auto else rule
-        settings = f"{_describe(values)}{'' if used_auto else ' (rule)'}, graph=ring, full batch, thin={thin}"
-        return Plan(algorithm, ctx.run(thin), settings, used_auto)
+        settings = (f"{_describe(values)}{'' if used_auto else ' (rule)'}, graph=ring, "
+                    f"full batch, thin={run['thin']}")
+        return Plan(algorithm, run, settings, used_auto)
 
     return make
 
@@ -239,8 +250,12 @@ def _pdmp(kind: str):
             kwargs = {"sample_interval": sd, "refresh_rate": 1.0 / sd}
         else:  # boomerang
             kwargs = {"sample_interval": math.pi / 2}
-        algorithm = cls(**kwargs)
-        return Plan(algorithm, ctx.run(1), f"{_describe(kwargs)} (rule)", False)
+        wanted = {**kwargs, "sample_interval": "auto"} if ctx.budget.auto_run_length else {}
+        algorithm, auto = _with_auto(cls, wanted, kwargs, {})
+        run = ctx.run(1, algorithm)
+        run["thin"] = 1  # PDMPs: a draw every sample_interval
+        shown = {**kwargs, "sample_interval": "auto"} if auto else kwargs
+        return Plan(algorithm, run, f"{_describe(shown)}{'' if auto else ' (rule)'}", auto)
 
     return make
 

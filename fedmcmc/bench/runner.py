@@ -46,7 +46,8 @@ __all__ = ["COLUMNS", "SIZES", "run", "write_outputs"]
 #: leaderboard.csv's columns, in order
 COLUMNS = [
     "problem", "algorithm", "family", "verdict", "rank", "max_abs_z", "sd_ratio_min",
-    "sd_ratio_max", "w1_max", "ess_min", "wall_time_s", "ess_per_second", "iterations",
+    "sd_ratio_max", "w1_max", "ess_min", "r_hat_max", "ess_bulk_min", "ess_tail_min",
+    "converged", "thin", "burn_in", "wall_time_s", "ess_per_second", "iterations",
     "rounds", "messages", "floats_communicated", "floats_per_effective_draw", "settings",
     "uses_auto", "warnings", "worst_mean_coordinate", "z_of_worst", "worst_sd_coordinate",
     "reference", "seed",
@@ -166,6 +167,17 @@ def run_one(entry, ctx, reference, reference_ess, seed: int,
             row[key] = int(info[key])
     if plan.uses_auto and "step_size" in info:
         row["settings"] += f" (chose step_size={info['step_size']})"
+    # the run's own convergence check (fedmcmc.convergence) and the run length it used
+    checked = info.get("diagnostics") or {}
+    row["r_hat_max"] = checked.get("max_r_hat")
+    row["ess_bulk_min"] = checked.get("min_ess_bulk")
+    row["ess_tail_min"] = checked.get("min_ess_tail")
+    row["converged"] = checked.get("converged")
+    for key in ("thin", "burn_in"):
+        if _number(info.get(key)) is not None:
+            row[key] = int(info[key])
+    if "sample_interval" in info and _number(info.get("sample_interval")) is not None:
+        row["settings"] += f" (sample_interval={float(info['sample_interval']):.3g})"
     draws = result.flat_samples()
     if not np.all(np.isfinite(draws)):
         row["verdict"] = "FAILED: non-finite draws"
@@ -342,7 +354,7 @@ def write_csv(path: Path, rows: List[Dict[str, Any]]) -> None:
 
 def _table(rows: List[Dict[str, Any]]) -> List[str]:
     header = ["rank", "algorithm", "verdict", "max abs z", "sd ratio min-max", "ESS",
-              "wall s", "ESS/s", "floats sent", "settings"]
+              "max R-hat", "thin / burn-in", "wall s", "ESS/s", "floats sent", "settings"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     ordered = sorted(rows, key=lambda r: (r.get("rank") or 10**6, r["algorithm"]))
     for r in ordered:
@@ -351,6 +363,8 @@ def _table(rows: List[Dict[str, Any]]) -> List[str]:
         cells = [
             _cell(r.get("rank")), r["algorithm"], r["verdict"].replace("|", "/"),
             _cell(r.get("max_abs_z")), ratio, _cell(r.get("ess_min")),
+            _cell(r.get("r_hat_max")),
+            (f"{r['thin']} / {r['burn_in']}" if r.get("thin") is not None else ""),
             _cell(r.get("wall_time_s")), _cell(r.get("ess_per_second")),
             _cell(_number(r.get("floats_communicated"))), (r.get("settings") or "").replace("|", "/"),
         ]
