@@ -95,18 +95,7 @@ def diagnose(draws: np.ndarray, names: Optional[List[str]] = None) -> Dict[str, 
     array = np.asarray(draws, np.float64)
     chains, count, dim = array.shape
     names = list(names) if names is not None else [f"theta[{i}]" for i in range(dim)]
-    r_hat = np.full(dim, np.nan)
-    ess_bulk = np.full(dim, np.nan)
-    ess_tail = np.full(dim, np.nan)
-    if count >= 4:
-        for i in range(dim):
-            values = array[:, :, i]
-            if not np.all(np.isfinite(values)):
-                continue
-            split = _diagnostics._split_chains(values)
-            r_hat[i] = _diagnostics._rank_rhat_of_split(split)
-            ess_bulk[i] = _diagnostics._bulk_ess(values)
-            ess_tail[i] = _diagnostics._tail_ess(values)
+    r_hat, ess_bulk, ess_tail = _diagnostics.convergence_figures(array)
 
     def extreme(values, function):
         finite = values[np.isfinite(values)]

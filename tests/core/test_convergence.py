@@ -136,3 +136,29 @@ def test_budget_rule_raises_a_step_only_as_far_as_it_may():
     assert h == pytest.approx(1e-6)
     assert run_length.budget_step_size(0.5, relaxation, request, accuracy_ceiling=1.0,
                                        stability_ceiling=2.0) == (0.5, None)
+
+
+def test_every_coordinate_at_once_gives_the_per_coordinate_figures():
+    """diagnostics.convergence_figures (vectorised over coordinates: a network's parameters)
+    against the per-coordinate functions that tests/core/test_diagnostics.py checks against
+    ArviZ, with constant, tied, short, one-chain and non-finite coordinates."""
+    from fedmcmc import diagnostics as d
+
+    rng = np.random.default_rng(5)
+    for trial in range(12):
+        chains, draws = int(rng.integers(1, 5)), int(rng.integers(4, 300))
+        x = np.cumsum(rng.normal(size=(chains, draws, 4)), axis=1) * rng.uniform(0, 1) \
+            + rng.normal(size=(chains, draws, 4))
+        x[:, :, 0] = 1.0
+        if trial % 2:
+            x = np.round(x, 1)
+        if trial % 3 == 0:
+            x[0, 1, 3] = np.nan
+        r_hat, bulk, tail = d.convergence_figures(x)
+        for i in range(4):
+            values = x[:, :, i]
+            expected = (d._rank_rhat_of_split(d._split_chains(values)), d._bulk_ess(values),
+                        d._tail_ess(values))
+            if not np.all(np.isfinite(values)):
+                expected = (np.nan, np.nan, np.nan)
+            np.testing.assert_allclose([r_hat[i], bulk[i], tail[i]], expected, rtol=1e-10)
