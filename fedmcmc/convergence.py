@@ -96,6 +96,11 @@ def diagnose(draws: np.ndarray, names: Optional[List[str]] = None) -> Dict[str, 
     chains, count, dim = array.shape
     names = list(names) if names is not None else [f"theta[{i}]" for i in range(dim)]
     r_hat, ess_bulk, ess_tail = _diagnostics.convergence_figures(array)
+    # a chain that never moves: every chain constant (ArviZ leaves its R-hat nan and counts
+    # every draw effective); the check flags it
+    with np.errstate(invalid="ignore"):
+        frozen = (np.all(np.isfinite(array), axis=(0, 1)) & (count >= 2)
+                  & np.all(np.ptp(array, axis=1) == 0, axis=0)) if count else np.zeros(dim, bool)
 
     def extreme(values, function):
         finite = values[np.isfinite(values)]
@@ -106,6 +111,7 @@ def diagnose(draws: np.ndarray, names: Optional[List[str]] = None) -> Dict[str, 
         "r_hat": r_hat.tolist(),
         "ess_bulk": ess_bulk.tolist(),
         "ess_tail": ess_tail.tolist(),
+        "frozen": [names[i] for i in np.flatnonzero(frozen)],
         "max_r_hat": extreme(r_hat, np.max),
         "min_ess_bulk": extreme(ess_bulk, np.min),
         "min_ess_tail": extreme(ess_tail, np.min),
@@ -137,6 +143,8 @@ def _failing(diagnostics: Dict[str, Any], thresholds: ConvergenceCheck) -> List[
     bad = (r_hat > thresholds.max_r_hat) | (bulk < thresholds.min_ess_bulk)
     if thresholds.min_ess_tail is not None:
         bad |= tail < thresholds.min_ess_tail
+    frozen = set(diagnostics.get("frozen") or [])
+    bad |= np.array([name in frozen for name in diagnostics["parameters"]], bool)
     return np.flatnonzero(bad).tolist()
 
 
@@ -191,6 +199,10 @@ def advice(info: Dict[str, Any], diagnostics: Dict[str, Any], thresholds: Conver
     if np.isfinite(worst_r_hat) and worst_r_hat > thresholds.max_r_hat and not parts:
         parts.append("the chains disagree (R-hat) although each mixes: raise burn_in "
                      "(burn_in='auto' where offered) or check for several modes")
+    if diagnostics.get("frozen"):
+        parts.insert(0, "chains that never move make no draws of the posterior: the step size "
+                        "(or sample_interval) is far too small, or the update does nothing; try "
+                        "step_size='auto'")
     if info.get("step_size_budget_reason"):
         parts.append("the step size was raised to fit the budget "
                      f"({info['step_size_budget_reason']}); raise max_iterations for an exact one")
@@ -228,14 +240,18 @@ def message(algorithm: str, info: Dict[str, Any], diagnostics: Dict[str, Any],
     badness = np.maximum(np.nan_to_num(r_hat - thresholds.max_r_hat, nan=0.0) * 100,
                          np.nan_to_num(thresholds.min_ess_bulk / np.maximum(bulk, 1e-9),
                                        nan=0.0))
+    frozen = set(diagnostics.get("frozen") or [])
+    names = diagnostics["parameters"]
+    badness = np.where([name in frozen for name in names], np.inf, badness)
     order = sorted(bad, key=lambda i: -badness[i])
     shown = ", ".join(
-        f"{diagnostics['parameters'][i]} (R-hat {r_hat[i]:.3g}, bulk ESS {bulk[i]:.0f})"
+        f"{names[i]} (never moves: every chain constant)" if names[i] in frozen else
+        f"{names[i]} (R-hat {r_hat[i]:.3g}, bulk ESS {bulk[i]:.0f})"
         for i in order[:WORST_SHOWN])
     more = f" and {len(order) - WORST_SHOWN} more" if len(order) > WORST_SHOWN else ""
     text = (f"{algorithm or 'the run'}: {len(order)} of {len(r_hat)} parameters have not "
-            f"converged (R-hat > {thresholds.max_r_hat:g} or bulk ESS < "
-            f"{thresholds.min_ess_bulk:g}): {shown}{more}.")
+            f"converged (R-hat > {thresholds.max_r_hat:g}, bulk ESS < "
+            f"{thresholds.min_ess_bulk:g} or no move): {shown}{more}.")
     hint = advice(info, diagnostics, thresholds)
     if hint:
         text += " To fix: " + hint + "."

@@ -90,6 +90,11 @@ def test_the_check_rejects_frozen_chains_and_accepts_independent_draws():
     thresholds = convergence.ConvergenceCheck()
     assert convergence._failing(good, thresholds) == []
     assert convergence._failing(bad, thresholds) == [0, 1, 2]
+    # chains that are exactly constant (ArviZ: R-hat nan, every draw "effective")
+    constant = convergence.diagnose(np.ones((4, 500, 2)))
+    assert constant["frozen"] == ["theta[0]", "theta[1]"]
+    assert convergence._failing(constant, thresholds) == [0, 1]
+    assert "never moves" in convergence.message("X", {}, constant, thresholds)
 
 
 def test_run_length_rules():
