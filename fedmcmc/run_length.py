@@ -79,6 +79,8 @@ UNKNOWN_INITIAL_OFFSET = 100.0
 MIN_BURN_IN_FRACTION = 0.1
 #: the predicted variance inflation a budget may trade for speed
 BUDGET_TOLERANCE = 0.25
+#: the budget's floor aims at one relaxation time in this fraction of max_iterations
+FLOOR_MARGIN = 0.95
 
 
 class RunLengthWarning(UserWarning):
@@ -172,8 +174,12 @@ def affordable_relaxation(request: RunRequest, initial_offset: Optional[float] =
     ``None``: no relaxation time suffices (``chains x num_samples < min_ess``: the run is
     too short whatever the step size)."""
     if request.auto_thin:
-        return request.max_iterations / (burn_in_relaxations(initial_offset)
-                                         + request.num_samples)
+        # resolve() rounds thin and burn-in up and keeps a burn-in of at least a tenth of
+        # num_samples: the margin keeps the planned iterations within max_iterations
+        burn_in = (max(burn_in_relaxations(initial_offset),
+                       MIN_BURN_IN_FRACTION * request.num_samples)
+                   if request.auto_burn_in else float(request.burn_in))
+        return request.max_iterations / (burn_in + 1.0 + request.num_samples) - 1.0
     ratio = request.chains * request.num_samples / float(request.min_ess)  # tau at most
     if ratio <= 1.0:
         return None
@@ -259,8 +265,9 @@ def budget_step_size(step_size: float, relaxation_of, request: Optional[RunReque
                      f"a predicted bulk ESS of {request.min_ess:g} with thin={request.thin}")
                   + ")")
         target = min(target, max(accuracy_ceiling, step_size))
-    # never a step with which max_iterations make less than one relaxation time
-    floor = step_size * relaxation / request.max_iterations
+    # never a step with which max_iterations make less than one relaxation time (a margin
+    # of 5 %: resolve() fits whole draws into max_iterations)
+    floor = step_size * relaxation / (FLOOR_MARGIN * request.max_iterations)
     if target < floor:
         target = floor
         reason = reason or (f"its relaxation time of {relaxation:.3g} iterations is longer "
