@@ -20,6 +20,15 @@ the chain's stationary covariance is, to first order in h,
 posterior variances within about 5 %, standard deviations within about 2.5 %, plus what
 non-Gaussianity adds), so the chain mixes as fast as that accuracy allows.
 
+The budget (``fm.sample``'s ``max_iterations``, :mod:`fedmcmc.run_length`): given the run's
+length as asked (a ``RunRequest``), :func:`resolve_step_size` keeps that h unless the run
+cannot afford its relaxation time ``2 / (h lambda_min(P))`` (:func:`relaxation_time`); then
+``run_length.budget_step_size`` raises it, up to the accuracy ceiling (predicted variance
+inflation ``minibatch_noise_ratio + discretisation_ratio`` = ``run_length.BUDGET_TOLERANCE``),
+further only to make one relaxation time in ``max_iterations``, never past the stability
+ceiling ``h lambda_max(P) = 2`` (:func:`budget_ceilings`); ``info`` records the exact h, the
+h used, the reason and the predicted variance inflation, and a ``RunLengthWarning`` is raised.
+
 Inputs, computed where the data are (a few floats per client, never rows):
 
 * the curvature ``P``: the Laplace fit of prior x prod_s q_s from the clients' Gaussian
