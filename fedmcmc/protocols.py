@@ -172,6 +172,13 @@ class HandoffProtocol:
         Returns whatever :meth:`client_parameters` needs; the default does nothing."""
         return None
 
+    def run_length(self, server: ServerSide, thin, burn_in) -> Tuple[Any, Any]:
+        """The run's ``thin`` and ``burn_in``, asked after :meth:`prepare` and before the
+        clients' visits are configured: a protocol whose set-up resolves ``"auto"`` run
+        lengths (``fm.sample(thin="auto")``) returns the integers it chose. The default
+        returns them as given (an ``"auto"`` left unresolved is then refused by the engine)."""
+        return thin, burn_in
+
     def client_parameters(self, server: ServerSide, prepared: Any, weights,
                           clients: Sequence[int]) -> List[Dict[str, Any]]:
         """The parameters of each client's update, one dictionary of arrays per client

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
+from .. import run_length
 from ..cache import jit_with_constants_as_arguments
 from ..arrays import device_array
 from ..federation import Federation, describe_client
@@ -73,7 +74,9 @@ class HandoffClient(ClientEndpoint):
 
     ``source``: the client's data or its loader (called here, in the client's process).
     ``protocol``: the :class:`~fedmcmc.protocols.HandoffProtocol` (pickled to the client).
-    ``spec`` (plain dict): ``seed``, ``chains``, ``thin``, ``num_clients``.
+    ``spec`` (plain dict): ``seed``, ``chains``, ``thin``, ``num_clients``; ``thin`` is
+    ``None`` when the protocol's set-up resolves it (``thin="auto"``): then it comes with
+    :meth:`configure`.
     """
 
     RUN_WIDE_ARGUMENTS = (2, 3, 4)  # model, init, protocol: the same for every client
@@ -99,13 +102,18 @@ class HandoffClient(ClientEndpoint):
         with self.compiling_once(("setup", name), self.protocol, self.context.model):
             return function(self.context, *args)
 
-    def configure(self, parameters: Dict[str, Any]) -> int:
+    def configure(self, parameters: Dict[str, Any], thin: Optional[int] = None) -> int:
         """Set this client's update parameters (sent again after a client is dropped: f_s
-        renormalised and whatever the protocol recomputes over the remaining clients)."""
+        renormalised and whatever the protocol recomputes over the remaining clients), and
+        ``thin`` when the protocol's set-up resolved it (``thin="auto"``)."""
+        rethinned = thin is not None and int(thin) != self.spec["thin"]
+        if rethinned:
+            self.spec["thin"] = int(thin)
         parameters = self.protocol.complete_parameters(self.context, dict(parameters))
         parameters = {name: device_array(value) for name, value in parameters.items()}
         structure = {name: (value.shape, value.dtype) for name, value in parameters.items()}
-        changed = self._visit is None or structure != getattr(self, "_structure", None)
+        changed = (self._visit is None or rethinned
+                   or structure != getattr(self, "_structure", None))
         self.parameters, self._structure = parameters, structure
         if changed:
             with self.compiling_once(("configure", tuple(sorted(structure.items()))),
@@ -449,8 +457,11 @@ def sample_handoff(
     flat_model = model.flatten(init)
     theta0 = np.asarray(flat_model.ravel(init))
     num_clients = federation.num_clients
-    spec = {"seed": int(seed), "chains": int(chains), "thin": int(thin),
-            "num_clients": num_clients}
+    # thin / burn_in "auto": resolved by the protocol's set-up (HandoffProtocol.run_length),
+    # the resolved thin sent with the clients' configuration
+    thin_by_setup = run_length.is_auto(thin)
+    spec = {"seed": int(seed), "chains": int(chains),
+            "thin": None if thin_by_setup else int(thin), "num_clients": num_clients}
     info = dict(info or {})
     info.update(engine=engine_label, local_steps=protocol.local_steps, num_clients=num_clients,
                 on_client_failure=on_client_failure, visit_timeout=visit_timeout)
@@ -481,6 +492,12 @@ def sample_handoff(
                             weights=np.asarray(federation.weights, np.float64),
                             weights_given=bool(federation.weights_given))
         prepared = protocol.prepare(server)
+        thin, burn_in = protocol.run_length(server, thin, burn_in)
+        for argument, value in (("thin", thin), ("burn_in", burn_in)):
+            if run_length.is_auto(value):
+                raise ValueError(f"{argument}='auto' is not resolved by {protocol.name}'s "
+                                 f"set-up; give {argument} as an integer")
+        thin, burn_in = int(thin), int(burn_in)
         phases["prepare"] = time.perf_counter() - setup_started
         # after prepare: its set-up may have chosen the f_s (client_selection)
         weights = np.asarray(protocol.scheduler_weights(federation.weights), np.float64)
@@ -492,8 +509,10 @@ def sample_handoff(
                 raise ValueError(f"{protocol.name}.client_parameters returned "
                                  f"{len(parameters)} entries for {len(kept)} clients")
             parameters_of = dict(zip(kept, parameters))
+            extra = (thin,) if thin_by_setup else ()
             gather_before_sampling(
-                transport, transport.call_each(kept, "configure", lambda s: (parameters_of[s],)),
+                transport, transport.call_each(kept, "configure",
+                                               lambda s: (parameters_of[s],) + extra),
                 timeout[0])
 
         configure_started = time.perf_counter()

@@ -24,6 +24,7 @@ from ..algorithm import (
     check_positive_int,
 )
 from .. import rng
+from .. import run_length
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
 from ..federation import ConcatenatedData
@@ -99,6 +100,36 @@ def _anchor_gradients(flat_model, federation, anchor):
     return gradients(anchors)
 
 
+def _run_request(options: dict, num_samples, burn_in, thin, chains) -> run_length.RunRequest:
+    """The run's length as asked: what ``fm.sample`` passes (``run_request``, popped from
+    ``options`` before the run options are checked), else the arguments' own."""
+    request = options.pop("run_request", None)
+    if request is None:
+        request = run_length.RunRequest(num_samples=num_samples, burn_in=burn_in, thin=thin,
+                                        chains=chains)
+    return request
+
+
+def _resolve_run_length(request: run_length.RunRequest, step_size, center, precision, theta0,
+                        name: str, info: dict) -> tuple:
+    """``thin`` and ``burn_in`` of the run (``fedmcmc.run_length.resolve``) from the relaxation
+    time of the step the kernel runs, ``2 / (h lambda_min(P))`` with P the Laplace precision
+    the set-up built (``step_size.relaxation_time``), and the chains' initial offset from its
+    centre (``step_size.initial_offset``); recorded in ``info``. Without a Laplace fit
+    (``center`` None: a given h and integer run lengths) the given values."""
+    if center is None or callable(step_size):
+        if request.any_auto:
+            argument = "thin" if request.auto_thin else "burn_in"
+            why = ("a constant step size (a schedule's h changes during the run)"
+                   if callable(step_size) else "the Laplace fit of the set-up")
+            raise ValueError(f"{argument}='auto' needs {why}; give {argument} as an integer")
+        return request.thin, request.burn_in
+    relaxation = step_size_module.relaxation_time(step_size, precision)
+    offset = step_size_module.initial_offset(theta0, center, precision)
+    length = run_length.resolve(request, relaxation, offset, name=name, info=info)
+    return length.thin, length.burn_in
+
+
 def _weights_of(settings: _Settings, federation_weights):
     """The f_s a kernel runs with: the set-up's choice, else the federation's."""
     if settings.client_weights is None:
@@ -116,6 +147,8 @@ class _Settings(NamedTuple):
     global_surrogate: Any = None  # FSGLD: surrogates.ProductSurrogate
     trust_region: Any = None  # FSGLD: fsgld.TrustRegion or None
     client_weights: Any = None  # the scheduler's f_s when the set-up chose them, else None
+    center: Any = None  # the Laplace fit of the posterior the set-up built (its centre and
+    precision: Any = None  # precision: the relaxation time of thin/burn_in="auto"), or None
 
 
 class _LangevinAlgorithm(Algorithm):
@@ -243,15 +276,26 @@ class SGLD(_LangevinAlgorithm):
         self.noise = bool(noise)
         self.step_size_tolerance = _check_tolerance(step_size_tolerance)
 
+    #: ``fm.sample`` passes ``run_request``: thin / burn_in "auto", the budget of "auto" h
+    supports_run_request = True
+
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
+        request = _run_request(options, num_samples, burn_in, thin, chains)
         run_options = split_run_options(options, "SGLD")
         flat_model = model.flatten(init)
         data = federation.concatenated()
         info = {"step_size": describe_step_size(self.step_size), "batch_size": self.batch_size}
         step_size = self.step_size
+        theta0 = flat_model.ravel(init)
+        center = precision = None
+        if step_size == "auto" or request.any_auto:
+            key, center, precision = self._laplace(flat_model, federation, theta0, seed)
         if step_size == "auto":
-            step_size = self._auto(flat_model, federation, data, flat_model.ravel(init), seed, info)
+            step_size = self._auto(flat_model, data, key, center, precision, theta0, info,
+                                   request)
+        thin, burn_in = _resolve_run_length(request, step_size, center, precision, theta0,
+                                            self.name, info)
         step = sgld.build_kernel(
             flat_model, data, self.batch_size, as_schedule(step_size), self.noise
         )
@@ -273,12 +317,19 @@ class SGLD(_LangevinAlgorithm):
         )
 
 
-    def _auto(self, flat_model, federation, data, theta0, seed, info) -> float:
-        """``step_size="auto"`` (``step_size.py``): the posterior's curvature from per-client
-        Laplace fits, the noise of the pooled-data estimator at their mode."""
+    @staticmethod
+    def _laplace(flat_model, federation, theta0, seed) -> tuple:
+        """(the set-up's key, the centre and precision of the posterior's Laplace fit: the
+        product of per-client Laplace fits), what ``"auto"`` and the run lengths read."""
         key = rng.fold_in_compiled(rng.seed_key(seed), 2**20 + 1)
         laplace = surrogate_module.fit_surrogates("laplace", flat_model, federation, theta0, key)
         center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
+        return key, center, precision
+
+    def _auto(self, flat_model, data, key, center, precision, theta0, info, request) -> float:
+        """``step_size="auto"`` (``step_size.py``): the posterior's curvature from per-client
+        Laplace fits (:meth:`_laplace`), the noise of the pooled-data estimator at their mode,
+        the budget of ``request``."""
         pooled = ConcatenatedData(data=data.data, offsets=data.offsets[:1],
                                   sizes=jnp.sum(data.sizes, dtype=jnp.int32)[None])
 
@@ -288,7 +339,9 @@ class SGLD(_LangevinAlgorithm):
                               rng.fold_in_compiled(key, 7))
         covariance = step_size_module.noise_covariance([1.0], noise.within, noise.means)
         return step_size_module.resolve_step_size(
-            "auto", self.step_size_tolerance, np.asarray(precision), covariance, self.name, info)
+            "auto", self.step_size_tolerance, np.asarray(precision), covariance, self.name, info,
+            request=request,
+            offset=step_size_module.initial_offset(theta0, center, precision))
 
 
 class DSGLD(_LangevinAlgorithm):
@@ -333,6 +386,8 @@ class DSGLD(_LangevinAlgorithm):
     name = "DSGLD"
     #: "ray": client endpoints in Ray actors (``fedmcmc.engines.ray_engine``)
     engines = ("local", "ray")
+    #: ``fm.sample`` passes ``run_request``: thin / burn_in "auto", the budget of "auto" h
+    supports_run_request = True
 
     def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True,
                  step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
@@ -362,18 +417,21 @@ class DSGLD(_LangevinAlgorithm):
             return "none"
         return self.control_variates
 
-    def handoff_protocol(self, settings: Optional["_Settings"] = None) -> DSGLDProtocol:
+    def handoff_protocol(self, settings: Optional["_Settings"] = None,
+                         run_request: Optional[run_length.RunRequest] = None) -> DSGLDProtocol:
         """This algorithm as a hand-off protocol (what the clients and the server of the Ray
         engine run; ``fedmcmc.langevin.handoff``). ``settings``: the resolved ones
         (:meth:`_resolve`: a numeric h, the control variates' anchor, f_s), else the
         constructor's, with ``"auto"`` and the variance reduction resolved by the protocol's
-        set-up from the clients' replies (``handoff.ClientSetup``)."""
+        set-up from the clients' replies (``handoff.ClientSetup``), and with ``run_request``
+        thin / burn_in ``"auto"`` too."""
         setup = None if settings is not None else self._client_setup()
         settings = settings or _Settings(step_size=self.step_size)
         anchor = None if settings.variates is None else np.asarray(settings.variates.anchor)
         return DSGLDProtocol(settings.step_size, self.batch_size, self.local_steps, self.noise,
                              self.divergence_threshold, anchor=anchor,
-                             client_weights=settings.client_weights, setup=setup)
+                             client_weights=settings.client_weights, setup=setup,
+                             run_request=run_request)
 
     def _client_setup(self) -> Optional[ClientSetup]:
         """What the protocol's server resolves from the clients' replies when no resolved
@@ -385,27 +443,29 @@ class DSGLD(_LangevinAlgorithm):
                            control_variates=self._variates_kind(),
                            client_selection=self.client_selection)
 
-    def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> _Settings:
+    def _resolve(self, flat_model, federation, data, weights, key, theta0, info,
+                 request: Optional[run_length.RunRequest] = None) -> _Settings:
         """The run's settings: ``"auto"``, the control variates and f_s resolved (``info``
-        says what was chosen)."""
+        says what was chosen); the Laplace fit they use is kept for the run lengths, and
+        made for them alone when ``request`` asks for ``"auto"`` with a given h."""
         step_size, variates, chosen = self.step_size, None, None
+        center = precision = None
         self._check_selection(federation)
-        kind = self._variates_kind()
-        if step_size == "auto" or kind not in (None, "none") or \
-                self.client_selection == "variance":
+        if self._needs_driver_setup() or (request is not None and request.any_auto):
             laplace, modes = surrogate_module.fit_laplace(flat_model, federation, theta0,
                                                           with_modes=True)
             center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
+        if self._needs_driver_setup():
             step_size, variates, chosen = self._resolve_noise(
                 flat_model, federation, data, weights, center, precision, key, None, info,
-                modes)
-        return _Settings(step_size=step_size, variates=variates, client_weights=chosen)
+                modes, request, theta0)
+        return _Settings(step_size=step_size, variates=variates, client_weights=chosen,
+                         center=center, precision=precision)
 
     def _check_selection(self, federation) -> None:
         step_size_module.check_selection(self.client_selection, federation.weights_given)
 
-    def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
-        settings = self._resolve(flat_model, federation, data, weights, key, theta0, info)
+    def _kernel(self, flat_model, data, weights, settings: _Settings):
         return dsgld.build_kernel(
             flat_model, data, _weights_of(settings, weights), self.batch_size, self.local_steps,
             as_schedule(settings.step_size), self.noise, control_variates=settings.variates,
@@ -419,7 +479,7 @@ class DSGLD(_LangevinAlgorithm):
                 or self.client_selection == "variance")
 
     def _resolve_noise(self, flat_model, federation, data, weights, center, precision, key,
-                       surrogates, info, modes):
+                       surrogates, info, modes, request=None, theta0=None):
         """``"auto"`` or the check of a given h (``step_size.py``), the control variates and
         the client selection, from the clients' noise statistics of their own estimator
         (``step_size.ClientNoise``: its unscaled part r_s, so any f_s can be evaluated),
@@ -427,7 +487,8 @@ class DSGLD(_LangevinAlgorithm):
 
         ``surrogates``: FSGLD's (its part of r_s is ``-alpha grad log q_s``), else ``None``.
         ``modes``: the clients' Laplace modes (the anchors of ``control_variates="client"``),
-        or a function that finds them. Returns (h, variates, f_s or None).
+        or a function that finds them. ``request``: the run's length as asked (the budget of
+        an ``"auto"`` h), ``theta0`` the chains' start. Returns (h, variates, f_s or None).
         """
         anchors = {
             "global": lambda: jnp.asarray(center),
@@ -459,31 +520,37 @@ class DSGLD(_LangevinAlgorithm):
             noises, np.asarray(precision), np.asarray(weights, np.float64),
             step_size=self.step_size, tolerance=self.step_size_tolerance,
             local_steps=self.local_steps, selection=self.client_selection,
-            weights_given=federation.weights_given, name=self.name, info=info)
+            weights_given=federation.weights_given, name=self.name, info=info,
+            request=request,
+            offset=None if theta0 is None else step_size_module.initial_offset(
+                theta0, center, precision))
         return step_size, variates[kind], client_weights
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
+        request = _run_request(options, num_samples, burn_in, thin, chains)
         if engine == "ray":
             info = {"step_size": describe_step_size(self.step_size),
                     "batch_size": self.batch_size}
-            if not self._needs_driver_setup():
-                protocol = self.handoff_protocol()
+            if not self._needs_driver_setup() and not request.any_auto:
+                protocol = self.handoff_protocol(run_request=request)
             elif federation.is_deferred:
                 # data that stay on the clients: the protocol's set-up asks each client for
                 # its statistics (a few floats each) and chooses with the in-process set-up's
-                # functions, so the h, anchor and f_s are the in-process ones
+                # functions, so the h, anchor, f_s and run lengths are the in-process ones
                 self._check_auto_surrogate()
-                protocol = self.handoff_protocol()
+                protocol = self.handoff_protocol(run_request=request)
             else:
                 # "auto" (and the control variates) resolved by the driver from the federation
                 # it holds, by the in-process engine's computation (each client's statistics
                 # of its own estimator): the same h, surrogates and anchor, hence the same draws
                 flat_model = model.flatten(init)
+                theta0 = flat_model.ravel(init)
                 settings = self._resolve(
                     flat_model, federation, federation.concatenated(),
                     jnp.asarray(federation.weights, dtype=jnp.float32),
-                    setup_key(seed), flat_model.ravel(init), info)
+                    setup_key(seed), theta0, info, request)
+                thin, burn_in = self._run_length(request, settings, theta0, info)
                 info["step_size"] = describe_step_size(settings.step_size)
                 info["setup_by"] = "driver"
                 protocol = self.handoff_protocol(settings)
@@ -503,7 +570,10 @@ class DSGLD(_LangevinAlgorithm):
             "local_steps": self.local_steps,
             "num_clients": federation.num_clients,
         }
-        step = self._kernel(flat_model, federation, data, weights, setup_key(seed), theta0, info)
+        settings = self._resolve(flat_model, federation, data, weights, setup_key(seed), theta0,
+                                 info, request)
+        thin, burn_in = self._run_length(request, settings, theta0, info)
+        step = self._kernel(flat_model, data, weights, settings)
         return self._run(
             step=step,
             initial_state=dsgld.init(theta0, federation.num_clients),
@@ -520,6 +590,11 @@ class DSGLD(_LangevinAlgorithm):
             client_aware=True,
             run_options=run_options,
         )
+
+    def _run_length(self, request, settings: _Settings, theta0, info) -> tuple:
+        """thin and burn_in from the resolved settings (:func:`_resolve_run_length`)."""
+        return _resolve_run_length(request, settings.step_size, settings.center,
+                                   settings.precision, theta0, self.name, info)
 
 
 class FSGLD(DSGLD):
@@ -675,16 +750,17 @@ class FSGLD(DSGLD):
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
-        if self.alpha_warmup > burn_in * thin:
-            raise ValueError(
-                f"alpha_warmup={self.alpha_warmup} iterations is longer than burn-in "
-                f"({burn_in} draws x thin {thin} = {burn_in * thin} iterations): kept draws "
-                "would not target the posterior"
-            )
+        if not (run_length.is_auto(burn_in) or run_length.is_auto(thin)):
+            fsgld.check_alpha_warmup(self.alpha_warmup, burn_in, thin)
         return super().sample(
             model, federation, init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
             chains=chains, seed=seed, engine=engine, progress=progress, **options,
         )
+
+    def _run_length(self, request, settings, theta0, info) -> tuple:
+        thin, burn_in = super()._run_length(request, settings, theta0, info)
+        fsgld.check_alpha_warmup(self.alpha_warmup, burn_in, thin)
+        return thin, burn_in
 
     #: minibatch draws per client for the automatic trust radius
     radius_probes_per_client = 64
@@ -714,8 +790,7 @@ class FSGLD(DSGLD):
         h = step_size if not callable(step_size) else float(step_size(0))
         return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace)
 
-    def _kernel(self, flat_model, federation, data, weights, key, theta0, info):
-        settings = self._resolve(flat_model, federation, data, weights, key, theta0, info)
+    def _kernel(self, flat_model, data, weights, settings: _Settings):
         return fsgld.build_kernel(
             flat_model, data, _weights_of(settings, weights), self.batch_size, self.local_steps,
             as_schedule(settings.step_size), settings.surrogates, settings.global_surrogate,
@@ -723,12 +798,14 @@ class FSGLD(DSGLD):
             settings.trust_region, control_variates=settings.variates,
         )
 
-    def handoff_protocol(self, settings: Optional["_Settings"] = None) -> FSGLDProtocol:
+    def handoff_protocol(self, settings: Optional["_Settings"] = None,
+                         run_request: Optional[run_length.RunRequest] = None) -> FSGLDProtocol:
         """This algorithm as a hand-off protocol (``fedmcmc.langevin.handoff``). Without
         ``settings`` the clients fit their own surrogates and the server sets the trust radius
         from their replies; with the resolved ones (:meth:`_resolve`) the protocol runs the
         numeric h, the surrogates the set-up fitted (given to the clients), the trust radius
-        and the control variates' anchor."""
+        and the control variates' anchor. ``run_request``: thin / burn_in ``"auto"`` resolved by
+        the protocol's set-up (from the product of the surrogates)."""
         if settings is None:
             settings, surrogates, radius = (_Settings(step_size=self.step_size), self.surrogate,
                                             self.trust_radius)
@@ -747,9 +824,10 @@ class FSGLD(DSGLD):
             surrogate_step_size=self.surrogate_step_size, trust_radius=radius,
             radius_probes_per_client=self.radius_probes_per_client, noise=self.noise,
             divergence_threshold=self.divergence_threshold, anchor=anchor,
-            client_weights=settings.client_weights, setup=setup)
+            client_weights=settings.client_weights, setup=setup, run_request=run_request)
 
-    def _resolve(self, flat_model, federation, data, weights, key, theta0, info) -> "_Settings":
+    def _resolve(self, flat_model, federation, data, weights, key, theta0, info,
+                 request: Optional[run_length.RunRequest] = None) -> "_Settings":
         """The run's settings: surrogates (re-expanded at the global mode under "auto"),
         ``"auto"``, the control variates and the trust region resolved."""
         started = time.perf_counter()
@@ -779,7 +857,7 @@ class FSGLD(DSGLD):
 
         step_size, variates, chosen = self._resolve_noise(
             flat_model, federation, data, weights, center, metric, key, surrogates, info,
-            modes)
+            modes, request, theta0)
         weights = _weights_of(_Settings(step_size, client_weights=chosen), weights)
         if self.trust_radius is not None:
             radius = self.trust_radius
@@ -793,4 +871,4 @@ class FSGLD(DSGLD):
             info["trust_radius"] = None
         return _Settings(step_size=step_size, variates=variates, surrogates=surrogates,
                          global_surrogate=global_surrogate, trust_region=trust_region,
-                         client_weights=chosen)
+                         client_weights=chosen, center=center, precision=metric)

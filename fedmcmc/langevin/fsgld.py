@@ -40,7 +40,7 @@ from .estimators import (
     dsgld_gradient_with_control_variates,
 )
 
-__all__ = ["alpha_schedule", "build_kernel"]
+__all__ = ["alpha_schedule", "build_kernel", "check_alpha_warmup"]
 
 
 def alpha_schedule(alpha: float, warmup_iterations: int) -> Callable:
@@ -163,3 +163,13 @@ def build_kernel(
         estimator, data, client_weights, batch_size, local_steps, schedule, noise,
         flat_model.dim, flat_model.dtype,
     )
+
+
+def check_alpha_warmup(alpha_warmup: int, burn_in: int, thin: int) -> None:
+    """FSGLD's alpha ramp must end within burn-in (ValueError naming ``alpha_warmup``)."""
+    if alpha_warmup > burn_in * thin:
+        raise ValueError(
+            f"alpha_warmup={alpha_warmup} iterations is longer than burn-in "
+            f"({burn_in} draws x thin {thin} = {burn_in * thin} iterations): kept draws "
+            "would not target the posterior"
+        )

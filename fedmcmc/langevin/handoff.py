@@ -23,6 +23,12 @@ Newton rounds at the global mode (:meth:`FSGLDProtocol.client_taylor`), and the 
 statistics of its estimator for every candidate anchor
 (:meth:`DSGLDProtocol.client_noise`, ``estimators.unscaled_noise``), a few floats each.
 
+``thin="auto"`` / ``burn_in="auto"`` with data that stay on the clients (``run_request``):
+the server resolves them in :meth:`DSGLDProtocol.prepare` with the in-process functions
+(``fedmcmc.run_length.resolve`` on ``step_size.relaxation_time`` of the h the visit runs and
+the Laplace fit: DSGLD's product of the clients' Laplace fits, FSGLD's of the surrogates), and
+the engine reads them with :meth:`DSGLDProtocol.run_length` before it configures the clients.
+
 Keys are the in-process engine's, so both engines give the same draws (the
 tests compare them).
 """
@@ -37,6 +43,7 @@ import jax
 import numpy as np
 
 from .. import rng
+from .. import run_length
 from .. import surrogates as surrogate_module
 from ..arrays import device_array
 from ..federation import ConcatenatedData, Federation
@@ -146,8 +153,12 @@ class DSGLDProtocol(HandoffProtocol):
 
     def __init__(self, step_size, batch_size: int, local_steps: int, noise: bool = True,
                  divergence_threshold: float = 1e10, anchor=None, client_weights=None,
-                 setup: Optional[ClientSetup] = None):
+                 setup: Optional[ClientSetup] = None,
+                 run_request: Optional[run_length.RunRequest] = None):
         self.setup = setup
+        # the run's length as asked ("auto" thin / burn_in resolved by prepare), or None
+        self.run_request = run_request
+        self.resolved_run_length = None  # (thin, burn_in) after prepare, on the server
         # anchor: (d,) shared by every client, or (S, d): each client's own
         self.anchor = None if anchor is None else np.asarray(anchor)
         # the scheduler's f_s when the set-up chose them (client_selection="variance")
@@ -253,7 +264,8 @@ class DSGLDProtocol(HandoffProtocol):
             noises, np.asarray(precision), proportional, step_size=self.step_size,
             tolerance=setup.tolerance, local_steps=self.local_steps,
             selection=setup.client_selection, weights_given=server.weights_given,
-            name=self.name, info=server.info)
+            name=self.name, info=server.info, request=self.run_request,
+            offset=step_size_module.initial_offset(server.theta0, center, precision))
         self.anchor = {"none": None, "global": center_array,
                        "client": client_modes}[kind]
         self.client_weights = (None if client_weights is None
@@ -272,8 +284,39 @@ class DSGLDProtocol(HandoffProtocol):
         return ControlVariates(anchor=parameters["anchor"],
                                anchor_gradients=parameters["anchor_gradient"][None])
 
+    def _wants_run_length(self) -> bool:
+        """Whether prepare must resolve ``"auto"`` run lengths (a Laplace fit for them)."""
+        return self.run_request is not None and self.run_request.any_auto
+
+    def _resolve_run_length(self, server: ServerSide, center, precision) -> None:
+        """thin / burn_in of ``run_request`` from the relaxation time of the h the visit runs
+        on the Laplace fit (``center``, ``precision``; None: none was made), as the in-process
+        set-up resolves them (``algorithms._resolve_run_length``); recorded in ``server.info``."""
+        request = self.run_request
+        if request is None:
+            return
+        if center is None or callable(self.step_size):
+            if request.any_auto:
+                argument = "thin" if request.auto_thin else "burn_in"
+                why = ("a constant step size (a schedule's h changes during the run)"
+                       if callable(self.step_size) else "the Laplace fit of the set-up")
+                raise ValueError(f"{argument}='auto' needs {why}; give {argument} as an integer")
+            return
+        length = run_length.resolve(
+            request, step_size_module.relaxation_time(self.step_size, precision),
+            step_size_module.initial_offset(server.theta0, center, precision),
+            name=self.name, info=server.info)
+        self.resolved_run_length = (length.thin, length.burn_in)
+
+    def run_length(self, server: ServerSide, thin, burn_in) -> tuple:
+        """The run's thin and burn_in: those :meth:`prepare` resolved, else as given."""
+        if self.resolved_run_length is not None:
+            return self.resolved_run_length
+        return thin, burn_in
+
     def prepare(self, server: ServerSide):
-        if self.setup is not None:
+        center = precision = None
+        if self.setup is not None or self._wants_run_length():
             # DSGLD's curvature: the product of Laplace fits made for the purpose
             theta0 = np.asarray(server.theta0)
             fits = server.ask("laplace", lambda s: (theta0, None), None)
@@ -282,8 +325,10 @@ class DSGLDProtocol(HandoffProtocol):
                 shift=device_array(np.stack([np.asarray(b) for _, b, _ in fits])))
             center, precision = surrogate_module.laplace_of_product(
                 server.flat_model, laplace, device_array(theta0))
+        if self.setup is not None:
             self._setup_on_clients(server, center, precision,
                                    lambda: np.stack([np.asarray(m) for _, _, m in fits]))
+        self._resolve_run_length(server, center, precision)
         self._prepare_variates(server)
         return None
 
@@ -333,9 +378,10 @@ class FSGLDProtocol(DSGLDProtocol):
                  surrogate_burn_in: int, surrogate_step_size: Optional[float], trust_radius,
                  radius_probes_per_client: int, noise: bool = True,
                  divergence_threshold: float = 1e10, anchor=None, client_weights=None,
-                 setup: Optional[ClientSetup] = None):
+                 setup: Optional[ClientSetup] = None,
+                 run_request: Optional[run_length.RunRequest] = None):
         super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold, anchor,
-                         client_weights, setup)
+                         client_weights, setup, run_request)
         self.surrogate = surrogate
         self.alpha = float(alpha)
         self.alpha_warmup = int(alpha_warmup)
@@ -407,7 +453,7 @@ class FSGLDProtocol(DSGLDProtocol):
         """The clients' set-up of ``"auto"`` (:meth:`_setup_on_clients`) on the FSGLD
         estimator: under ``"auto"`` Laplace surrogates re-expanded at the global mode by
         Newton rounds of the clients' expansions, then the noise at the Laplace fit of
-        prior x q. Returns the surrogates."""
+        prior x q. Returns the surrogates and that Laplace fit's centre and precision."""
         theta0 = device_array(server.theta0)
         if self.step_size == "auto" and self.surrogate == "laplace":
             diagonal = surrogates.diagonal
@@ -430,7 +476,7 @@ class FSGLDProtocol(DSGLDProtocol):
         center, metric = surrogate_module.laplace_of_product(server.flat_model, surrogates,
                                                              theta0)
         self._setup_on_clients(server, center, metric, modes, surrogates)
-        return surrogates
+        return surrogates, center, metric
 
     def complete_parameters(self, context, parameters):
         parameters = super().complete_parameters(context, parameters)
@@ -460,7 +506,14 @@ class FSGLDProtocol(DSGLDProtocol):
                                                         server.num_clients)
             given = True
         if self.setup is not None:
-            surrogates = self._setup_fsgld(server, surrogates)
+            surrogates, center, metric = self._setup_fsgld(server, surrogates)
+        elif self.run_request is not None:
+            # the run lengths' curvature: the Laplace fit of prior x q, as in-process
+            center, metric = surrogate_module.laplace_of_product(
+                server.flat_model, surrogates, device_array(server.theta0))
+        else:
+            center = metric = None
+        self._resolve_run_length(server, center, metric)
         self._prepare_variates(server)
         server.info.update(
             surrogate=self.surrogate if isinstance(self.surrogate, str) else "given",
@@ -516,6 +569,12 @@ class FSGLDProtocol(DSGLDProtocol):
                              trust_radius=trust[2])
             parameters.append(entry)
         return parameters
+
+    def run_length(self, server: ServerSide, thin, burn_in) -> tuple:
+        thin, burn_in = super().run_length(server, thin, burn_in)
+        if not (run_length.is_auto(thin) or run_length.is_auto(burn_in)):
+            fsgld.check_alpha_warmup(self.alpha_warmup, burn_in, thin)
+        return thin, burn_in
 
     def _kernel(self, context, parameters):
         trust = None

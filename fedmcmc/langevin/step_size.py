@@ -20,6 +20,15 @@ the chain's stationary covariance is, to first order in h,
 posterior variances within about 5 %, standard deviations within about 2.5 %, plus what
 non-Gaussianity adds), so the chain mixes as fast as that accuracy allows.
 
+The budget (``fm.sample``'s ``max_iterations``, :mod:`fedmcmc.run_length`): given the run's
+length as asked (a ``RunRequest``), :func:`resolve_step_size` keeps that h unless the run
+cannot afford its relaxation time ``2 / (h lambda_min(P))`` (:func:`relaxation_time`); then
+``run_length.budget_step_size`` raises it, up to the accuracy ceiling (predicted variance
+inflation ``minibatch_noise_ratio + discretisation_ratio`` = ``run_length.BUDGET_TOLERANCE``),
+further only to make one relaxation time in ``max_iterations``, never past the stability
+ceiling ``h lambda_max(P) = 2`` (:func:`budget_ceilings`); ``info`` records the exact h, the
+h used, the reason and the predicted variance inflation, and a ``RunLengthWarning`` is raised.
+
 Inputs, computed where the data are (a few floats per client, never rows):
 
 * the curvature ``P``: the Laplace fit of prior x prod_s q_s from the clients' Gaussian
@@ -47,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
+from .. import run_length
 from ..callsite import user_stacklevel
 
 __all__ = [
@@ -71,6 +81,10 @@ __all__ = [
     "candidate_variates",
     "choose_settings",
     "resolve_step_size",
+    "relaxation_time",
+    "initial_offset",
+    "budget_ceilings",
+    "STABILITY_DISCRETISATION_RATIO",
 ]
 
 #: above this many parameters clients send the trace of their second moment, not the matrix
@@ -85,6 +99,9 @@ NOISE_POINTS_PER_CLIENT = 16
 NOISE_STREAM = 11
 #: client_selection="variance" keeps f_s >= this fraction of the size-proportional N_s / N
 VARIANCE_WEIGHTS_FLOOR = 0.25
+#: the budget never raises an "auto" h past this discretisation ratio (h/4) lambda_max(P):
+#: h lambda_max = 2, half the stability limit h lambda_max < 4 of the stiffest direction
+STABILITY_DISCRETISATION_RATIO = 0.5
 
 
 class StepSizeChoice(NamedTuple):
@@ -301,7 +318,9 @@ def candidate_variates(requested: Optional[str], automatic: bool) -> List[str]:
 
 def choose_settings(noises: Dict[str, ClientNoise], precision, proportional, *, step_size,
                     tolerance: float, local_steps: int, selection: Optional[str],
-                    weights_given: bool, name: str, info: dict):
+                    weights_given: bool, name: str, info: dict,
+                    request: Optional[run_length.RunRequest] = None,
+                    offset: Optional[float] = None):
     """``"auto"`` or the check of a given h, the control variates and the client selection,
     from the clients' noise statistics of the unscaled part of their estimator (one
     :class:`ClientNoise` per candidate anchor of :func:`candidate_variates`).
@@ -309,8 +328,10 @@ def choose_settings(noises: Dict[str, ClientNoise], precision, proportional, *, 
     Automatic choices (``None``, under ``step_size="auto"``): the anchor and f_s
     ("variance" or the federation's ``proportional``) that allow the largest h, a control
     variate only if it more than doubles h (it costs a second gradient per row), "variance"
-    only if it gives at least 1.25x. ``info`` records what was chosen. Returns
-    ``(anchor kind, f_s or None, h)``."""
+    only if it gives at least 1.25x. ``info`` records what was chosen. ``request`` and
+    ``offset`` (the run's length as asked, the chains' initial offset in posterior sds):
+    the budget of an ``"auto"`` h (:func:`resolve_step_size`), applied to the anchor and f_s
+    chosen. Returns ``(anchor kind, f_s or None, h)``."""
     proportional = np.asarray(proportional, np.float64)
     precision = np.asarray(precision)
     automatic = isinstance(step_size, str)
@@ -352,17 +373,92 @@ def choose_settings(noises: Dict[str, ClientNoise], precision, proportional, *, 
         info["client_weights"] = client_weights.tolist()
     covariance = scaled_noise_covariance(
         proportional if client_weights is None else client_weights, noises[kind], local_steps)
-    h = resolve_step_size(step_size, tolerance, precision, covariance, name, info)
+    h = resolve_step_size(step_size, tolerance, precision, covariance, name, info,
+                          request=request, offset=offset)
     return kind, client_weights, h
 
 
-def resolve_step_size(step_size, tolerance, precision, covariance, name: str, info: dict):
+def relaxation_time(step_size, precision) -> Optional[float]:
+    """The relaxation time, in iterations, of the slowest direction of the chain with step
+    ``step_size`` on a posterior of ``precision``: ``2 / (h lambda_min(P))`` (half the
+    :attr:`StepSizeChoice.iterations_per_effective_draw` of :func:`predict`;
+    :mod:`fedmcmc.run_length`). ``None`` for a schedule (its h changes during the run)."""
+    if callable(step_size) or isinstance(step_size, str):
+        return None
+    low, _ = _extreme_eigenvalues(precision)
+    if not low > 0:
+        return float("inf")
+    return 2.0 / (float(step_size) * low)
+
+
+def initial_offset(theta0, center, precision) -> float:
+    """How far the chains start from the posterior, in posterior sds along the Laplace fit
+    (``center``, ``precision``: (d, d) or diagonal (d,)): ``sqrt((theta0 - m)^T P (theta0 - m))``,
+    what ``burn_in="auto"`` needs (:func:`fedmcmc.run_length.burn_in_relaxations`)."""
+    offset = np.asarray(theta0, np.float64) - np.asarray(center, np.float64)
+    precision = np.asarray(precision, np.float64)
+    if precision.ndim == 1:
+        squared = float(np.sum(precision * offset * offset))
+    else:
+        squared = float(offset @ precision @ offset)
+    return float(np.sqrt(max(squared, 0.0)))
+
+
+def budget_ceilings(precision, covariance) -> tuple:
+    """The two ceilings of the budget rule (:func:`fedmcmc.run_length.budget_step_size`) for
+    an ``"auto"`` h: the accuracy ceiling, the h at which the predicted variance inflation
+    ``minibatch_noise_ratio + discretisation_ratio`` of :func:`predict` (both linear in h)
+    reaches :data:`fedmcmc.run_length.BUDGET_TOLERANCE`; and the stability ceiling, the h
+    whose discretisation ratio is :data:`STABILITY_DISCRETISATION_RATIO`
+    (``h lambda_max(P) = 2``)."""
+    _, high = _extreme_eigenvalues(precision)
+    _, noise = _extreme_eigenvalues(covariance)
+    high = max(high, np.finfo(np.float64).tiny)
+    inflation_per_h = (max(noise, 0.0) + high) / 4.0
+    accuracy = run_length.BUDGET_TOLERANCE / inflation_per_h
+    stability = 4.0 * STABILITY_DISCRETISATION_RATIO / high
+    return accuracy, stability
+
+
+def resolve_step_size(step_size, tolerance, precision, covariance, name: str, info: dict, *,
+                      request: Optional[run_length.RunRequest] = None,
+                      offset: Optional[float] = None):
     """Resolve ``"auto"`` or check a given h (a warning when minibatch noise dominates);
-    record the choice in ``info``; returns the h the kernel uses (or the schedule)."""
+    record the choice in ``info``; returns the h the kernel uses (or the schedule).
+
+    ``"auto"`` with ``request`` (the run's length as asked; ``offset``: the chains' initial
+    offset in posterior sds) obeys the budget (:func:`fedmcmc.run_length.budget_step_size`,
+    ceilings :func:`budget_ceilings`, relaxation time :func:`relaxation_time`): the h that
+    meets ``tolerance`` is kept unless the run cannot afford its relaxation time; then it is
+    raised as the rule says, with a :class:`~fedmcmc.run_length.RunLengthWarning`.
+    ``info`` records the exact h (``step_size_exact``), the h used (``step_size``) and its
+    ratios, ``step_size_budget_reason`` (``None`` when kept) and the predicted variance
+    inflation at the h used (``predicted_variance_inflation``)."""
     if isinstance(step_size, str):
         choice = choose_step_size(precision, covariance, tolerance)
-        info.update(choice.info(), step_size_auto=True, step_size_tolerance=tolerance)
-        return choice.step_size
+        exact = choice.step_size
+        used, reason = exact, None
+        if request is not None:
+            accuracy, stability = budget_ceilings(precision, covariance)
+            used, reason = run_length.budget_step_size(
+                exact, lambda h: relaxation_time(h, precision), request,
+                accuracy_ceiling=accuracy, stability_ceiling=stability,
+                initial_offset=offset)
+            choice = predict(used, precision, covariance)
+        inflation = choice.minibatch_noise_ratio + choice.discretisation_ratio
+        info.update(choice.info(), step_size_auto=True, step_size_tolerance=tolerance,
+                    step_size_exact=float(exact), step_size_budget_reason=reason,
+                    predicted_variance_inflation=float(inflation))
+        if reason is not None:
+            warnings.warn(
+                f"{name}: step_size='auto' meets the tolerance {tolerance:g} with h={exact:.3g}, "
+                f"but {reason}; h={used:.3g} is used instead, with a predicted variance "
+                f"inflation of {inflation:.3g} (minibatch noise {choice.minibatch_noise_ratio:.3g}, "
+                f"discretisation {choice.discretisation_ratio:.3g}) and "
+                f"{relaxation_time(used, precision):.3g} iterations per relaxation time. "
+                f"Raise max_iterations (fm.sample) to keep h={exact:.3g}",
+                run_length.RunLengthWarning, stacklevel=user_stacklevel())
+        return used
     if callable(step_size):
         return step_size
     choice = predict(step_size, precision, covariance)
