@@ -207,7 +207,9 @@ class _Decentralised(Algorithm):
         raised, at most to :func:`fedmcmc.decentralised.tuning.budget_ceiling` (predicted
         ``|bias|`` at most ``1.25 x tolerance`` sd and variance inflation at most 25 %) unless
         ``max_iterations`` would not make one relaxation time, and never past
-        ``0.5 / lambda_max(A)`` or a linearised recursion that is not stable. ``info`` then
+        :func:`fedmcmc.decentralised.tuning.stability_ceiling` (``0.5 / lambda_max(A)`` and
+        ``0.5 / (n max_i lambda_max(A_i))``: the agents' own steps) or a linearised
+        recursion that is not stable. ``info`` then
         has ``step_size_exact``, ``step_size_budget_reason``, ``predicted_variance_inflation``
         and the predictions at the alpha used.
         """
@@ -285,7 +287,7 @@ class _Decentralised(Algorithm):
         """The budget rule of ``step_size="auto"`` (:meth:`settings`): ``(prediction at the
         alpha used, reason or None)``; records the exact alpha and the reason in ``info``."""
         precision = at_mode.hessian.sum(0)
-        stability = tuning.stability_ceiling(precision)
+        stability = tuning.stability_ceiling(at_mode.hessian)
 
         def relaxation_of(alpha):
             return tuning.relaxation_time(alpha, precision)
@@ -319,12 +321,14 @@ class _Decentralised(Algorithm):
                     prediction, alpha = ceiling, ceiling.step_size
         if prediction.step_size <= exact.step_size:
             return exact, None
-        if prediction.step_size < alpha_wanted:
-            # the linearised recursion is not stable at the floor's alpha: the largest stable
-            # step found (within a factor 2) is used, and the reason says so
-            reason += (f"; the step needed, {alpha_wanted:.3g}, makes the agents' recursion "
-                       f"unstable, so {prediction.step_size:.3g} is used (relaxation time "
-                       f"{relaxation_of(prediction.step_size):,.0f} iterations)")
+        used = relaxation_of(prediction.step_size)
+        if used > request.max_iterations:
+            # the floor (one relaxation time within max_iterations) is past the stability
+            # ceiling (or the linearised recursion is unstable there): said, not hidden
+            reason += (f"; even the largest stable step, {prediction.step_size:.3g} (the "
+                       f"agents' stability ceiling {stability:.3g}), relaxes in {used:,.0f} "
+                       f"iterations, more than max_iterations={request.max_iterations:,}: "
+                       "the run cannot make one relaxation time")
         info["step_size_exact"] = float(exact.step_size)
         info["step_size_budget_reason"] = reason
         info["predicted_bias_in_sd_exact"] = exact.bias_in_sd.tolist()

@@ -61,7 +61,8 @@ Time scales (:mod:`fedmcmc.run_length`)
   largest alpha whose predicted ``|bias|`` is at most ``(1 + BUDGET_TOLERANCE) x
   tolerance`` posterior sd and whose predicted variance inflation ``|sd ratio^2 - 1|`` is
   at most ``BUDGET_TOLERANCE`` (25 %: sd ratios in [0.866, 1.118]) in every coordinate,
-  and never past :func:`stability_ceiling`.
+  and never past :func:`stability_ceiling` (the agents' steps ``alpha n A_i`` stable, with
+  a margin of about 2).
 
 What the agents report (a few floats each, computed where the data are): their local
 energy's gradient and Hessian at the current point during the Newton rounds that find
@@ -436,10 +437,21 @@ def initial_offset(theta0: np.ndarray, mode: np.ndarray, precision: np.ndarray) 
     return float(np.sqrt(max(float(offset @ precision @ offset), 0.0)))
 
 
-def stability_ceiling(precision: np.ndarray) -> float:
-    """``0.5 / lambda_max(A)``: :func:`choose_step_size`'s own ceiling (ULA on the average
-    needs ``alpha lambda_max < 2``; a quarter of it keeps its variance inflation small)."""
-    return float(0.5 / np.linalg.eigvalsh(0.5 * (precision + precision.T)).max())
+def stability_ceiling(local_hessians: np.ndarray) -> float:
+    """The largest alpha the budget rule may use: ``min(0.5 / lambda_max(A),
+    0.5 / (n max_i lambda_max(A_i)))``. The first is :func:`choose_step_size`'s own ceiling
+    (ULA on the average needs ``alpha lambda_max < 2``); the second is the agents': agent
+    ``i`` steps by ``alpha n A_i``, and the linearised recursion becomes unstable near
+    ``alpha n max_i lambda_max(A_i) = 0.85`` for GT-DULA and 1 to 1.6 for DULA (measured on
+    the three real federations of ``tests/real_federations.py`` on the ring: exact spectral
+    radius of the recursion, :func:`fedmcmc.decentralised.diagnostics.stationary_distribution`),
+    long before the average's limit (``0.5 / lambda_max(A)`` is 1.7 to 4 times past it)."""
+    blocks = np.asarray(local_hessians, np.float64)
+    n = blocks.shape[0]
+    symmetric = 0.5 * (blocks + np.swapaxes(blocks, 1, 2))
+    agent = float(np.linalg.eigvalsh(symmetric).max())
+    average = float(np.linalg.eigvalsh(symmetric.sum(0)).max())
+    return float(min(0.5 / average, 0.5 / (n * agent)))
 
 
 def _budget_excess(prediction: Prediction, tolerance: float, budget_tolerance: float) -> float:
@@ -469,7 +481,7 @@ def budget_ceiling(
     (both errors grow about linearly in alpha: each trial rescales alpha by the worst ratio
     of error to tolerance; an unstable linearised recursion halves the way back; at most
     ``max_solves`` Lyapunov solves). Returns the prediction at that alpha."""
-    upper = stability_ceiling(at_mode.hessian.sum(0))
+    upper = stability_ceiling(at_mode.hessian)
     accepted = exact
     excess = _budget_excess(exact, tolerance, budget_tolerance)
     if excess > 1.0 or exact.step_size >= upper:
