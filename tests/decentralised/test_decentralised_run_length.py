@@ -235,12 +235,14 @@ def _categories(outcome):
 @pytest.mark.slow
 def test_gtdula_auto_meets_the_bar_on_exam_schools():
     """GT-DULA with every setting 'auto' (ring), thin / burn_in 'auto', on 65 schools
-    (exact reference). Measured (4 chains x 400 draws, thin 375): max |z| 0.08, sd ratios
-    1.07-1.09. In the same test a run too short (thin=1) and a chain that never moves (a
+    (exact reference). Measured (4 chains x 400 draws, thin 375, burn-in 40 draws): max |z|
+    0.12, sd ratios 1.06-1.09, max R-hat 1.013 (so a ConvergenceWarning), bulk ESS 653
+    against 740 predicted; 4 x 300 draws gave max |z| 0.195, over the bar: the margin is
+    thin (the sds measured exceed the predicted 1.02-1.04). In the same test a run too short (thin=1) and a chain that never moves (a
     tiny fixed step size) are flagged."""
     from real_federations import describe
 
-    good = _real("exam-schools", fm.GTDULA(), num_samples=300, chains=4)
+    good = _real("exam-schools", fm.GTDULA(), num_samples=400, chains=4)
     assert good["ok"], describe(good)
     info = good["info"]
     assert info["thin"] == math.ceil(info["relaxation_time"]) and info["burn_in_auto"]
