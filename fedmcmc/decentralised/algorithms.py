@@ -28,6 +28,7 @@ the resumed call.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from typing import Any, Mapping, NamedTuple, Optional
 
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..callsite import user_stacklevel
-from .. import rng
+from .. import rng, run_length
 from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
 from ..algorithm import Algorithm, check_optional, check_positive_float, check_positive_int
@@ -91,6 +92,12 @@ class Settings(NamedTuple):
     laplace_cov: Optional[np.ndarray]  # (d, d)
     prediction: Optional[tuning.Prediction]
     info: dict
+    #: the chains' start in posterior sds along the Laplace fit (None: no set-up)
+    initial_offset: Optional[float] = None
+    #: iterations per relaxation time of the network average (None: not predicted)
+    relaxation_time: Optional[float] = None
+    #: why the budget raised an "auto" step size (None: the exact one is used)
+    budget_reason: Optional[str] = None
 
 
 def _check_graph(graph: Any) -> Any:
@@ -120,6 +127,9 @@ class _Decentralised(Algorithm):
     #: engine (on engine="ray" the callbacks are accepted but not called, and resuming is
     #: refused: see ``engines/options.check_engine_options``)
     supports_resume: bool = True
+    #: fm.sample passes ``run_request`` (thin / burn_in ``"auto"``, ``max_iterations``): the
+    #: set-up predicts the relaxation times (:meth:`run_length_of`)
+    supports_run_request: bool = True
 
     def _common(
         self,
@@ -179,7 +189,8 @@ class _Decentralised(Algorithm):
 
     # ------------------------------------------------------------- settings
     def settings(self, model, federation, init, topo: Optional[graph_module.Topology] = None,
-                 setup: Optional[bool] = None) -> Settings:
+                 setup: Optional[bool] = None,
+                 run_request: Optional[run_length.RunRequest] = None) -> Settings:
         """Resolve ``"auto"`` and gather what the run-time checks need (the set-up).
 
         ``beta="auto"``: 1/lambda_n; ``gamma="auto"``: min(beta, 1/lambda_2, 1/lambda_n);
@@ -189,6 +200,18 @@ class _Decentralised(Algorithm):
         reports) also runs for numeric settings when the model has at most
         ``MAX_SETUP_DIM`` parameters, for the spread check and the predicted bias in
         ``info``; ``setup=False`` skips it (then ``step_size='auto'`` is refused).
+
+        With a ``run_request`` (``fm.sample``'s run length), ``step_size="auto"`` obeys the
+        budget rule (:func:`fedmcmc.run_length.budget_step_size`): when the exact alpha's
+        relaxation time ``1 / (alpha lambda_min(A))`` is more than the run affords, alpha is
+        raised, at most to :func:`fedmcmc.decentralised.tuning.budget_ceiling` (predicted
+        ``|bias|`` at most ``1.25 x tolerance`` sd and variance inflation at most 25 %) unless
+        ``max_iterations`` would not make one relaxation time, and never past
+        :func:`fedmcmc.decentralised.tuning.stability_ceiling` (``0.5 / lambda_max(A)`` and
+        ``0.5 / (n max_i lambda_max(A_i))``: the agents' own steps) or a linearised
+        recursion that is not stable. ``info`` then
+        has ``step_size_exact``, ``step_size_budget_reason``, ``predicted_variance_inflation``
+        and the predictions at the alpha used.
         """
         n = federation.num_clients
         topo = topo if topo is not None else self.topology(n)
@@ -220,9 +243,9 @@ class _Decentralised(Algorithm):
             return Settings(self.step_size, beta, gamma, None, None, None, info)
         terms, third, minibatch_noise = tuning.local_terms_fn(
             model, init, federation.padded(), self.batch_size)
+        theta0 = np.asarray(model.flatten(init).ravel(init), np.float64)
         try:
-            mode, at_mode, rounds = tuning.global_mode(terms, np.asarray(model.flatten(init).ravel(
-                init), np.float64))
+            mode, at_mode, rounds = tuning.global_mode(terms, theta0)
         except ValueError:
             if self.step_size == AUTO:
                 raise
@@ -234,10 +257,17 @@ class _Decentralised(Algorithm):
         laplace_cov = 0.5 * (laplace_cov + laplace_cov.T)
         info["setup_rounds"] = int(rounds)
         laplacian = np.asarray(topo.laplacian, np.float64)
+        offset = tuning.initial_offset(theta0, mode, precision)
+        reason = None
         if self.step_size == AUTO:
             prediction = tuning.choose_step_size(mode, at_mode, third, laplacian, beta, gamma,
                                                  self.tolerance, gradient_noise=noise)
             step_size = prediction.step_size
+            if run_request is not None:
+                prediction, reason = self._budget(prediction, run_request, offset, mode,
+                                                  at_mode, third, laplacian, beta, gamma,
+                                                  noise, info)
+                step_size = prediction.step_size
         else:
             step_size = self.step_size
             try:
@@ -246,7 +276,106 @@ class _Decentralised(Algorithm):
             except ValueError:  # the linearised recursion is unstable: no stationary law
                 prediction = None
                 info["predicted"] = "none: the linearised recursion is unstable"
-        return Settings(step_size, beta, gamma, mode, laplace_cov, prediction, info)
+        relaxation = None
+        if not callable(step_size) and self.decay_every is None:
+            relaxation = tuning.relaxation_time(float(step_size), precision)
+        return Settings(step_size, beta, gamma, mode, laplace_cov, prediction, info,
+                        initial_offset=offset, relaxation_time=relaxation, budget_reason=reason)
+
+    def _budget(self, exact: tuning.Prediction, request: run_length.RunRequest, offset: float,
+                mode, at_mode, third, laplacian, beta, gamma, noise, info: dict):
+        """The budget rule of ``step_size="auto"`` (:meth:`settings`): ``(prediction at the
+        alpha used, reason or None)``; records the exact alpha and the reason in ``info``."""
+        precision = at_mode.hessian.sum(0)
+        stability = tuning.stability_ceiling(at_mode.hessian)
+
+        def relaxation_of(alpha):
+            return tuning.relaxation_time(alpha, precision)
+
+        # would the rule raise alpha at all? (the accuracy ceiling costs Lyapunov solves)
+        wanted, _ = run_length.budget_step_size(
+            exact.step_size, relaxation_of, request, accuracy_ceiling=stability,
+            stability_ceiling=stability, initial_offset=offset)
+        if wanted <= exact.step_size:
+            return exact, None
+        ceiling = tuning.budget_ceiling(mode, at_mode, third, laplacian, beta, gamma,
+                                        self.tolerance, exact, run_length.BUDGET_TOLERANCE,
+                                        gradient_noise=noise)
+        alpha, reason = run_length.budget_step_size(
+            exact.step_size, relaxation_of, request, accuracy_ceiling=ceiling.step_size,
+            stability_ceiling=stability, initial_offset=offset)
+        if reason is None:
+            return exact, None
+        alpha_wanted = alpha
+        prediction = ceiling if alpha == ceiling.step_size else None
+        while prediction is None:
+            try:
+                prediction = tuning.predict(mode, at_mode, third, laplacian, alpha, beta, gamma,
+                                            gradient_noise=noise)
+                if prediction.spectral_radius >= 1.0:
+                    raise ValueError("unstable")
+            except ValueError:  # the floor pushed alpha past a stable linearised recursion
+                prediction = None
+                alpha = max(exact.step_size, 0.5 * alpha)
+                if alpha <= ceiling.step_size:
+                    prediction, alpha = ceiling, ceiling.step_size
+        if prediction.step_size <= exact.step_size:
+            return exact, None
+        used = relaxation_of(prediction.step_size)
+        if used > request.max_iterations:
+            # the floor (one relaxation time within max_iterations) is past the stability
+            # ceiling (or the linearised recursion is unstable there): said, not hidden
+            reason += (f"; even the largest stable step, {prediction.step_size:.3g} (the "
+                       f"agents' stability ceiling {stability:.3g}), relaxes in {used:,.0f} "
+                       f"iterations, more than max_iterations={request.max_iterations:,}: "
+                       "the run cannot make one relaxation time")
+        info["step_size_exact"] = float(exact.step_size)
+        info["step_size_budget_reason"] = reason
+        info["predicted_bias_in_sd_exact"] = exact.bias_in_sd.tolist()
+        inflation = prediction.sd_ratio ** 2 - 1.0
+        info["predicted_variance_inflation"] = float(inflation[np.argmax(np.abs(inflation))])
+        return prediction, reason
+
+    def run_length_of(self, settings: Settings, topo: graph_module.Topology,
+                      request: run_length.RunRequest) -> tuple:
+        """``(thin, burn_in, info)``: the run length used (``"auto"`` resolved).
+
+        ``thin="auto"``: one relaxation time of the network average,
+        ``R = 1 / (alpha lambda_min(A))`` iterations (:func:`tuning.relaxation_time`), per
+        kept draw, within ``max_iterations`` (:func:`fedmcmc.run_length.resolve`).
+
+        ``burn_in="auto"`` covers two transients, since every agent starts at ``init``:
+        the network average's approach to the posterior, ``k R`` iterations, and the
+        agents' (and GT-DULA's trackers') disagreement settling to its stationary spread,
+        ``k C`` iterations with the consensus time ``C = 1 / (min(beta, gamma) lambda_2)``
+        (:func:`tuning.consensus_time`): the agents start in agreement but GT-DULA's
+        trackers start at the local gradients at ``init``, and along the way to the mode the
+        agents' heterogeneous gradients pull them apart, a disagreement of the size of the
+        offset, so its decay needs as many time constants. ``k = max(5, 2 ln(z0 / 0.05))``
+        (:func:`fedmcmc.run_length.burn_in_relaxations`) with ``z0`` the initial offset
+        in posterior sds along the Laplace fit; burn-in is the larger of the two (and at
+        least a tenth of ``num_samples``), in kept draws of ``thin`` iterations. On a ring of
+        60 agents ``C`` is about 400 iterations, ``R`` 400 to 40,000.
+
+        ``R`` is not predicted (no set-up: more than 200 parameters, a federation kept on
+        the clients on Ray, no positive-definite Laplace approximation; a step-size schedule
+        or ``decay_every``): ``"auto"`` is refused with a ``ValueError`` naming it. Given
+        integers are kept.
+        """
+        info: dict = {}
+        relaxation = settings.relaxation_time
+        length = run_length.resolve(request, relaxation, settings.initial_offset,
+                                    name=self.name, info=info)
+        thin, burn_in = length.thin, length.burn_in
+        if relaxation is not None:
+            consensus = tuning.consensus_time(topo.lambda_2, settings.beta, settings.gamma)
+            info["consensus_time"] = consensus
+            if request.auto_burn_in:
+                relaxations = run_length.burn_in_relaxations(settings.initial_offset)
+                info["burn_in_relaxations"] = relaxations
+                burn_in = max(burn_in, int(math.ceil(relaxations * consensus / thin)))
+                info["burn_in"] = int(burn_in)
+        return int(thin), int(burn_in), info
 
     def _resolved(self, settings: Settings):
         """A copy of this algorithm with the settings' numbers (what the Ray engine reads)."""
@@ -262,13 +391,23 @@ class _Decentralised(Algorithm):
     # --------------------------------------------------------------- sample
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
+        request = options.pop("run_request", None)
+        if request is None:  # called directly, not through fm.sample
+            request = run_length.RunRequest(
+                num_samples=int(num_samples),
+                burn_in=run_length.check_run_length(burn_in, "burn_in", 0),
+                thin=run_length.check_run_length(thin, "thin", 1), chains=int(chains))
         n = federation.num_clients
         topo = self.topology(n)
         settings = self.settings(model, federation, init, topo,
                                  setup=False if engine == "ray" and federation.is_deferred
-                                 else None)
+                                 else None, run_request=request)
         problems = graph_module.check_condition_1(topo, settings.beta, settings.gamma,
                                                   self.condition)
+        thin, burn_in, run_info = self.run_length_of(settings, topo, request)
+        if settings.budget_reason is not None:
+            _warn_budget(self.name, settings, run_info, self.tolerance)
+        min_ess = float(request.min_ess)
         if engine == "ray":
             resolved = self._resolved(settings)
             result, run = sample_decentralised(
@@ -278,6 +417,7 @@ class _Decentralised(Algorithm):
             )
             result.info.update(settings.info)
             result.info.update(_prediction_info(settings, self.tolerance))
+            result.info.update(run_info)
             result.info["step_size"] = _describe_step(settings.step_size)
             result.info["condition_1"] = problems
             result.info["spread_limit"] = (resolved.spread_limit_value
@@ -287,7 +427,7 @@ class _Decentralised(Algorithm):
                                          problems)
             if "bias_estimate" in result.info:
                 _warn_if_biased(self.name, result.info["bias_estimate"], self.tolerance,
-                                self.step_size == AUTO)
+                                self.step_size == AUTO, result.info, min_ess)
             return result
         run_options = split_run_options(options, self.name)
         if engine != "local":
@@ -415,6 +555,7 @@ class _Decentralised(Algorithm):
         }
         info.update(settings.info)
         info.update(_prediction_info(settings, self.tolerance))
+        info.update(run_info)
         info.update(topo.describe())
         if gamma is not None:
             info["gamma"] = gamma
@@ -427,7 +568,8 @@ class _Decentralised(Algorithm):
             estimate = bias_estimate(average, global_gradient, settings.laplace_cov)
             if estimate is not None:
                 info["bias_estimate"] = estimate
-                _warn_if_biased(self.name, estimate, self.tolerance, self.step_size == AUTO)
+                _warn_if_biased(self.name, estimate, self.tolerance, self.step_size == AUTO,
+                                info, min_ess)
         result = assemble_result(run, algorithm=self.name, info=info, dim=dim, thin=thin,
                                  start_draw=start_draw, unravel=lambda draws: samples)
         if run.diverged.any():
@@ -502,27 +644,81 @@ def _prediction_info(settings: Settings, tolerance: float) -> dict:
     }
 
 
-#: the bias warning needs this effective sample size (below it the standard error is unreliable)
-MIN_ESS_FOR_WARNING = 100
+#: the bias warning needs this effective sample size (below it the standard error is
+#: unreliable) unless fm.sample's convergence check names another (its ``min_ess_bulk``):
+#: a run whose ESS is too low for the bias estimate gets the ConvergenceWarning instead
+MIN_ESS_FOR_WARNING = run_length.DEFAULT_MIN_ESS
 
 
-def _warn_if_biased(name: str, estimate: dict, tolerance: float, auto: bool) -> None:
+def _warn_if_biased(name: str, estimate: dict, tolerance: float, auto: bool,
+                    info: Optional[dict] = None,
+                    min_ess: float = MIN_ESS_FOR_WARNING) -> None:
+    """:class:`NetworkBiasWarning` when ``info["bias_estimate"]`` minus three standard errors
+    exceeds ``tolerance`` in a coordinate whose bias estimate has at least ``min_ess``
+    effective draws (the convergence check's bulk-ESS threshold: with fewer, the
+    ``ConvergenceWarning`` says the run is too short and this estimate is not trusted). The
+    advice follows from what the set-up predicted (``info``): a burn-in shorter than the
+    chains' transient, the bias predicted at the alpha used (raised by the budget or given)."""
     z = np.asarray(estimate["in_sd"])
     se = np.asarray(estimate["standard_error"])
     ess = np.asarray(estimate["ess"])
     # the bias is above the tolerance with confidence: its lower 3-standard-error bound is
-    flagged = np.nonzero((np.abs(z) - 3 * se > tolerance) & (ess >= MIN_ESS_FOR_WARNING))[0]
-    if flagged.size:
-        worst = int(flagged[np.argmax(np.abs(z[flagged]))])
-        warnings.warn(
-            f"{name}: the network average looks biased: coordinate {worst} by about "
-            f"{z[worst]:+.2f} posterior sd (standard error {se[worst]:.2f}; "
-            "info['bias_estimate'], from the mean of the total gradient at the average, zero "
-            "under the posterior). Either the draws include the chains' approach to "
-            "stationarity (raise burn_in) or the agents' spread around their average biases "
-            "it: " + ("lower tolerance" if auto else "use step_size='auto' or a smaller "
-                      "step_size") + ", or use a better connected graph",
-            NetworkBiasWarning, stacklevel=user_stacklevel())
+    flagged = np.nonzero((np.abs(z) - 3 * se > tolerance) & (ess >= min_ess))[0]
+    if not flagged.size:
+        return
+    worst = int(flagged[np.argmax(np.abs(z[flagged]))])
+    info = info or {}
+    causes = []
+    relaxation, thin, burn_in = (info.get("relaxation_time"), info.get("thin"),
+                                 info.get("burn_in"))
+    if relaxation and thin and burn_in is not None:
+        needed = run_length.burn_in_relaxations(info.get("initial_offset_sd")) * relaxation
+        if burn_in * thin < needed:
+            causes.append(
+                f"the burn-in ({burn_in} draws of thin={thin}) covers "
+                f"{burn_in * thin / relaxation:.2g} relaxation times of the network average "
+                f"and the chains' start needs {needed / relaxation:.2g}: pass burn_in='auto' "
+                f"(about {int(math.ceil(needed / thin))} draws)")
+    predicted = info.get("predicted_bias_in_sd")
+    if predicted is not None and abs(predicted[worst]) > tolerance:
+        raised = info.get("step_size_budget_reason")
+        causes.append(
+            f"the set-up predicts a bias of {predicted[worst]:+.2f} sd there at the step size "
+            "used" + (f" (raised by the budget: {raised}; raise max_iterations for the exact "
+                      f"step size {info.get('step_size_exact', float('nan')):.3g})"
+                      if raised else ""))
+    if not causes:
+        causes.append(
+            "either the draws include the chains' approach to stationarity (raise burn_in) or "
+            "the agents' spread around their average biases it: "
+            + ("lower tolerance" if auto else "use step_size='auto' or a smaller step_size")
+            + ", or use a better connected graph")
+    warnings.warn(
+        f"{name}: the network average looks biased: coordinate {worst} by about "
+        f"{z[worst]:+.2f} posterior sd (standard error {se[worst]:.2f}; "
+        "info['bias_estimate'], from the mean of the total gradient at the average, zero "
+        "under the posterior): " + "; ".join(causes),
+        NetworkBiasWarning, stacklevel=user_stacklevel())
+
+
+def _warn_budget(name: str, settings: Settings, run_info: dict, tolerance: float) -> None:
+    """:class:`fedmcmc.RunLengthWarning`: the budget raised ``step_size="auto"``."""
+    info = settings.info
+    prediction = settings.prediction
+    bias = np.abs(prediction.bias_in_sd)
+    ess = run_info.get("predicted_ess")
+    warnings.warn(
+        f"{name}: step_size='auto' is {info['step_size_exact']:.3g} for a predicted bias of at "
+        f"most {tolerance:g} posterior sd, but {info['step_size_budget_reason']}; it uses "
+        f"{settings.step_size:.3g} instead, predicted bias up to {bias.max():.2f} sd "
+        f"(coordinate {int(np.argmax(bias))}) and variance inflation "
+        f"{info['predicted_variance_inflation']:+.0%}, relaxation time "
+        f"{settings.relaxation_time:,.0f} iterations"
+        + (f", predicted bulk ESS {ess:.0f}" if ess is not None else "")
+        + ". " + ("Raise max_iterations (fm.sample)" if run_info.get("thin_auto") else
+                  f"Raise thin (now {run_info.get('thin')}) or num_samples")
+        + " for the exact step size, or use a better connected graph",
+        run_length.RunLengthWarning, stacklevel=user_stacklevel())
 
 
 _COMMON_DOC = """

@@ -46,6 +46,24 @@ The choice
   most ``tolerance`` posterior sd and the linearised stationary sds are within
   ``sd_tolerance`` (default 5%) of the Laplace sds, found by a few Lyapunov solves.
 
+Time scales (:mod:`fedmcmc.run_length`)
+---------------------------------------
+* The network average is a Langevin chain with ``h = 2 alpha`` on the posterior (the
+  tracking invariant above), so its slowest direction relaxes in
+  :func:`relaxation_time` ``R = 2 / (h lambda_min(A)) = 1 / (alpha lambda_min(A))``
+  iterations (``Prediction.iterations_per_effective_draw`` is ``2 R``, the AR(1)'s
+  integrated autocorrelation time for ``R`` much larger than 1).
+* The agents' disagreement (and GT-DULA's trackers') is removed by ``W_beta``
+  (``W_gamma``) at rate ``beta lambda_2`` (``gamma lambda_2``) per iteration:
+  :func:`consensus_time` ``1 / (min(beta, gamma) lambda_2)`` iterations.
+* When the sparse graph forces alpha tiny the run may not afford ``R``: the budget rule
+  (``run_length.budget_step_size``) may raise alpha up to :func:`budget_ceiling`, the
+  largest alpha whose predicted ``|bias|`` is at most ``(1 + BUDGET_TOLERANCE) x
+  tolerance`` posterior sd and whose predicted variance inflation ``|sd ratio^2 - 1|`` is
+  at most ``BUDGET_TOLERANCE`` (25 %: sd ratios in [0.866, 1.118]) in every coordinate,
+  and never past :func:`stability_ceiling` (the agents' steps ``alpha n A_i`` stable, with
+  a margin of about 2).
+
 What the agents report (a few floats each, computed where the data are): their local
 energy's gradient and Hessian at the current point during the Newton rounds that find
 the global mode (``d + d^2`` floats per round), the third-derivative contraction above
@@ -78,6 +96,11 @@ __all__ = [
     "choose_gamma",
     "predict",
     "choose_step_size",
+    "relaxation_time",
+    "consensus_time",
+    "initial_offset",
+    "stability_ceiling",
+    "budget_ceiling",
     "MAX_ORACLE_SIZE",
 ]
 
@@ -387,4 +410,103 @@ def choose_step_size(
             "step_size='auto' found no step size meeting the bias tolerance "
             f"({tolerance:g} posterior sd) in {max_solves} trials; give step_size as a number"
         )
+    return accepted
+
+
+# ------------------------------------------------------------ time scales, budget
+def relaxation_time(step_size: float, precision: np.ndarray) -> float:
+    """Iterations in which the network average's slowest direction forgets its past by a
+    factor e: ``1 / (alpha lambda_min(A))`` (module docstring: a Langevin chain with
+    ``h = 2 alpha``, ``run_length``'s ``R = 2 / (h lambda_min)``)."""
+    slowest = float(np.linalg.eigvalsh(0.5 * (precision + precision.T)).min())
+    return float(1.0 / (float(step_size) * slowest))
+
+
+def consensus_time(lambda_2: float, beta: float, gamma: Optional[float] = None) -> float:
+    """Iterations in which the slowest disagreement mode of the agents' samples (and of
+    GT-DULA's trackers) shrinks by a factor e: ``1 / (min(beta, gamma) lambda_2)``
+    (``W_beta = I - beta L`` multiplies it by ``1 - beta lambda_2`` per iteration)."""
+    rate = float(beta) if gamma is None else min(float(beta), float(gamma))
+    return float(1.0 / (rate * float(lambda_2)))
+
+
+def initial_offset(theta0: np.ndarray, mode: np.ndarray, precision: np.ndarray) -> float:
+    """The chains' start in posterior sds along the Laplace fit,
+    ``sqrt((theta0 - m)^T A (theta0 - m))`` (``run_length.resolve``'s ``initial_offset``)."""
+    offset = np.asarray(theta0, np.float64) - np.asarray(mode, np.float64)
+    return float(np.sqrt(max(float(offset @ precision @ offset), 0.0)))
+
+
+def stability_ceiling(local_hessians: np.ndarray) -> float:
+    """The largest alpha the budget rule may use: ``min(0.5 / lambda_max(A),
+    0.5 / (n max_i lambda_max(A_i)))``. The first is :func:`choose_step_size`'s own ceiling
+    (ULA on the average needs ``alpha lambda_max < 2``); the second is the agents': agent
+    ``i`` steps by ``alpha n A_i``, and the linearised recursion becomes unstable near
+    ``alpha n max_i lambda_max(A_i) = 0.85`` for GT-DULA and 1 to 1.6 for DULA (measured on
+    the three real federations of ``tests/real_federations.py`` on the ring: exact spectral
+    radius of the recursion, :func:`fedmcmc.decentralised.diagnostics.stationary_distribution`),
+    long before the average's limit (``0.5 / lambda_max(A)`` is 1.7 to 4 times past it)."""
+    blocks = np.asarray(local_hessians, np.float64)
+    n = blocks.shape[0]
+    symmetric = 0.5 * (blocks + np.swapaxes(blocks, 1, 2))
+    agent = float(np.linalg.eigvalsh(symmetric).max())
+    average = float(np.linalg.eigvalsh(symmetric.sum(0)).max())
+    return float(min(0.5 / average, 0.5 / (n * agent)))
+
+
+def _budget_excess(prediction: Prediction, tolerance: float, budget_tolerance: float) -> float:
+    """The worst ratio of predicted error to the budget's tolerance (<= 1: within it)."""
+    bias = float(np.max(np.abs(prediction.bias_in_sd))) / ((1.0 + budget_tolerance) * tolerance)
+    inflation = float(np.max(np.abs(prediction.sd_ratio ** 2 - 1.0))) / budget_tolerance
+    return max(bias, inflation)
+
+
+def budget_ceiling(
+    mode: np.ndarray,
+    at_mode: LocalTerms,
+    third,
+    laplacian: np.ndarray,
+    beta: float,
+    gamma: Optional[float],
+    tolerance: float,
+    exact: Prediction,
+    budget_tolerance: float,
+    gradient_noise: Optional[np.ndarray] = None,
+    max_solves: int = 8,
+) -> Prediction:
+    """The accuracy ceiling of the budget rule: the largest alpha (at least ``exact``'s,
+    at most :func:`stability_ceiling`) whose predicted ``|bias|`` is at most
+    ``(1 + budget_tolerance) x tolerance`` posterior sd and whose predicted variance
+    inflation ``|sd ratio^2 - 1|`` is at most ``budget_tolerance`` in every coordinate
+    (both errors grow about linearly in alpha: each trial rescales alpha by the worst ratio
+    of error to tolerance; an unstable linearised recursion halves the way back; at most
+    ``max_solves`` Lyapunov solves). Returns the prediction at that alpha."""
+    upper = stability_ceiling(at_mode.hessian)
+    accepted = exact
+    excess = _budget_excess(exact, tolerance, budget_tolerance)
+    if excess > 1.0 or exact.step_size >= upper:
+        return exact
+    alpha = min(exact.step_size * 0.95 / max(excess, 1e-12), upper)
+    for _ in range(max_solves):
+        if alpha <= accepted.step_size * 1.01:
+            break
+        try:
+            trial = predict(mode, at_mode, third, laplacian, alpha, beta, gamma, gradient_noise)
+            stable = trial.spectral_radius < 1.0
+        except ValueError:  # unstable linearised recursion
+            stable = False
+        if not stable:
+            upper = alpha
+            alpha = float(np.sqrt(accepted.step_size * alpha))
+            continue
+        excess = _budget_excess(trial, tolerance, budget_tolerance)
+        if excess <= 1.0:
+            accepted = trial
+            if excess >= 0.8 or alpha >= upper:
+                break
+            alpha = min(alpha * 0.95 / max(excess, 1e-12), upper)
+        else:
+            upper = alpha
+            alpha = max(accepted.step_size, min(alpha * 0.95 / excess,
+                                                float(np.sqrt(accepted.step_size * alpha))))
     return accepted

@@ -11,6 +11,7 @@ tuning module predicts against the bias measured, and ``"auto"`` against NUTS.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import jax
@@ -245,6 +246,13 @@ def test_batch_size_is_an_upper_bound(few_agents):
 
 
 # ------------------------------------------------------------------------ slow
+#: runs of millions of iterations per chain (an hour or more on the suite's two cores): the
+#: issue-44 budget of the family's slow tests (about 10 minutes) leaves them to
+#: FEDMCMC_LONG_TESTS=1
+long_test = pytest.mark.skipif(os.environ.get("FEDMCMC_LONG_TESTS") != "1",
+                               reason="millions of iterations per chain: FEDMCMC_LONG_TESTS=1")
+
+
 @pytest.fixture(scope="module")
 def nuts_reference(issue_federation):
     model, federation = issue_federation
@@ -267,6 +275,7 @@ def _z_and_mcse(result, reference):
 
 
 @pytest.mark.slow
+@long_test
 def test_predicted_bias_matches_the_measured_one(issue_federation, nuts_reference):
     """The issue's ring run (beta = gamma = 0.3, alpha = 2e-5, 4 x 400,000 iterations): the
     (age/10)^2 coefficient's bias is the second-order effect of the agents' spread that
@@ -290,9 +299,10 @@ def test_predicted_bias_matches_the_measured_one(issue_federation, nuts_referenc
 def _run_auto(model, federation, init, graph):
     algorithm = fm.GTDULA(graph=graph)
     settings = algorithm.settings(model, federation, init)
-    # about 45 effective draws per chain in the slowest direction (40 kept draws per
-    # 'iteration per effective draw'), 4 chains
-    thin = max(1, int(settings.prediction.iterations_per_effective_draw / 40))
+    # about 30 effective draws per chain in the slowest direction (25 kept draws per
+    # relaxation time), 4 chains: a predicted bulk ESS of 120, over the convergence check's
+    # 100, so the budget rule (fedmcmc.run_length) keeps the exact 'auto' step size
+    thin = max(1, int(settings.prediction.iterations_per_effective_draw / 50))
     with warnings.catch_warnings():
         warnings.simplefilter("error", NetworkBiasWarning)
         return fm.sample(model, federation, algorithm, init=init, num_samples=1500,
@@ -306,6 +316,7 @@ def _assert_agrees(z, mcse, ratio):
 
 
 @pytest.mark.slow
+@long_test
 @pytest.mark.parametrize("graph", ["ring", "geometric"])
 def test_auto_settings_agree_with_nuts(issue_federation, nuts_reference, graph):
     """Done-means of issue 16: GT-DULA with its own settings within 0.15 posterior sd of NUTS
@@ -320,6 +331,7 @@ def test_auto_settings_agree_with_nuts(issue_federation, nuts_reference, graph):
 
 
 @pytest.mark.slow
+@long_test
 def test_auto_settings_agree_with_nuts_on_grouseticks():
     """A second real heterogeneous federation: lme4's grouseticks, Poisson regression of ticks
     on red grouse chicks, one agent per location (63 agents of 1 to 24 broods), ring."""
