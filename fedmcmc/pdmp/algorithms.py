@@ -6,9 +6,25 @@ build the federated kernel of :mod:`.federated` and run it with
 by ``sample_interval`` units of process time). Trajectories are simulated in
 float64 (``jax.enable_x64``); draws are returned in the dtype of ``init``.
 
-``fm.sample(..., thin=...)`` is ignored by these algorithms: draws are taken
-every ``sample_interval`` units of process time and ``burn_in`` counts draws of
-the same length (``burn_in * sample_interval`` time units are discarded).
+``fm.sample(..., thin=...)`` does not apply to these algorithms (``info["thin"]`` is 1):
+draws are taken every ``sample_interval`` units of process time and ``burn_in`` counts
+draws of the same length (``burn_in * sample_interval`` time units are discarded).
+``thin="auto"`` is refused (pass ``sample_interval="auto"``).
+
+Run lengths the library chooses (issue 44; ``supports_run_request``):
+``sample_interval="auto"`` is one predicted relaxation time ``R`` of the process (process
+time, :mod:`.relaxation`: from the federated Newton's Laplace fit and every worker's
+gradient and Hessian at its centre), and ``burn_in="auto"`` the draws of that length that
+:func:`fedmcmc.run_length.resolve` asks for a relaxation time of ``R / sample_interval``
+draws. ``info`` records ``sample_interval``, ``relaxation_time`` (process time),
+``relaxation_time_draws``, ``burn_in``, ``predicted_ess``, ``predicted_event_rate`` and
+``predicted_events_per_chain``. The budget: ``max_iterations`` (``fm.sample``) counts
+iterations of Algorithm 2 per chain (server rounds, ``info["event_iterations_per_chain"]``;
+each is one velocity change or one rejected proposal, so at least the predicted number of
+events). A run whose predicted events exceed it warns ``fm.RunLengthWarning``; with
+``sample_interval="auto"`` the interval is shortened to fit (as ``thin="auto"`` is).
+Without any ``"auto"`` nothing is predicted and the draws are those of a run without
+these options.
 
 Checkpoint and resume (``supports_resume``, :mod:`fedmcmc.checkpoint`): the chain
 state carried by the engine is ``(FedState, RunSums)``. ``FedState`` holds the
@@ -25,6 +41,7 @@ variates, initial states) is a deterministic function of the seed.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -34,6 +51,8 @@ import numpy as np
 from .. import rng
 from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
+from .. import run_length
+from ..callsite import user_stacklevel
 from ..algorithm import (
     Algorithm,
     check_nonnegative_float,
@@ -46,7 +65,7 @@ from ..federation import UNPADDED_ABOVE_PADDING
 from ..model import unravel_draws_numpy
 from ..results import SamplingDivergedError, assemble_result, divergence_details, diverged_error
 from .distributed import sample_pdmp
-from . import federated, privacy as privacy_module
+from . import federated, privacy as privacy_module, relaxation
 from .boomerang import BoomerangSpec
 from .bounds import (
     prior_hessian_bounds,
@@ -207,6 +226,8 @@ class _FedPDMP(Algorithm):
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
     #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)
     supports_resume: bool = True
+    #: fm.sample passes ``run_request`` (burn_in="auto"; sample_interval="auto" is ours)
+    supports_run_request: bool = True
 
     def __init__(
         self,
@@ -225,7 +246,14 @@ class _FedPDMP(Algorithm):
         max_thinning: int = 100_000,
         max_events_per_draw: int = 1_000_000,
     ):
-        self.sample_interval = check_positive_float(sample_interval, "sample_interval")
+        if run_length.is_auto(sample_interval):
+            self.sample_interval = run_length.AUTO
+        else:
+            try:
+                self.sample_interval = check_positive_float(sample_interval, "sample_interval")
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"sample_interval must be a positive number or 'auto', got "
+                                 f"{sample_interval!r}") from error
         self.refresh_rate = check_nonnegative_float(refresh_rate, "refresh_rate")
         self.excess_rate = check_nonnegative_float(excess_rate, "excess_rate")
         if privacy is not None:
@@ -314,13 +342,24 @@ class _FedPDMP(Algorithm):
         chains start at ``init + init_jitter * N(0, I)`` (velocities are always drawn per
         chain); ``rate_diagnostics`` (default True): record the federated, plain and
         canonical event rates at every draw (one extra gradient per draw).
-        ``thin`` is ignored (see the module docstring). The generic run options of
+        ``thin`` does not apply (see the module docstring; ``"auto"`` is refused). The
+        ``run_request`` fm.sample passes resolves ``burn_in="auto"`` (and the budget of
+        ``sample_interval="auto"``). The generic run options of
         :mod:`fedmcmc.checkpoint` (``chunk_size``, ``start_draw``, ``resume_state``,
         ``on_chunk``, ``on_draws``) are accepted; ``on_draws`` receives the positions only,
         in the dtype of ``init`` (the draws of ``result.samples``). With ``engine="ray"``
         only ``chunk_size`` and ``on_draws`` are used: the run cannot be resumed, so
         ``on_chunk`` is not called and ``start_draw``/``resume_state`` are refused.
         """
+        run_request = options.pop("run_request", None)  # before the run-option checks
+        if run_length.is_auto(thin):
+            raise ValueError(
+                f"thin='auto' does not apply to {self.name}: it takes a draw every "
+                "sample_interval units of process time; pass sample_interval='auto' to the "
+                f"algorithm ({self.name}(sample_interval='auto')) and thin=1")
+        if run_length.is_auto(burn_in) and run_request is None:
+            raise ValueError("burn_in='auto' needs fm.sample's run request (num_samples, chains, "
+                             "max_iterations); call fm.sample, or give burn_in as an integer")
         if engine == "ray":
             # with the run options the broadcast run honours: draws per call (its chains wait
             # for each other only at a chunk's end) and the draws callback; on_chunk is not
@@ -338,19 +377,19 @@ class _FedPDMP(Algorithm):
                     return record_ray_authentication(self._sample_distributed(
                         model, federation, init, num_samples, burn_in, chains, seed, progress,
                         skeleton_size, init_jitter, bool(rate_diagnostics), make_transport,
-                        "ray", engine_options))
+                        "ray", engine_options, run_request))
         with jax.enable_x64(True):
             return self._sample(model, federation, init, num_samples, burn_in, chains, seed,
                                 progress, skeleton_size, init_jitter, bool(rate_diagnostics),
-                                run_options)
+                                run_options, run_request)
 
     def _sample_distributed(self, model, federation, init, num_samples, burn_in, chains, seed,
                             progress, skeleton_size, init_jitter, rate_diagnostics,
-                            make_transport, engine_label, engine_options):
+                            make_transport, engine_label, engine_options, run_request=None):
         """One endpoint per worker (``pdmp/distributed.py``): the workers simulate their own
         event times on their own data; the server gathers and applies the earliest."""
         d = model.flatten(init).dim
-        accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
+        b = _batch_length(num_samples)
         options = dict(engine_options)
         if options.get("on_draws") is not None:
             options["on_draws"] = _positions_only(options["on_draws"], d,
@@ -360,9 +399,12 @@ class _FedPDMP(Algorithm):
             chains=chains, seed=seed, progress=progress, skeleton_size=skeleton_size,
             init_jitter=init_jitter, rate_diagnostics=rate_diagnostics,
             make_transport=make_transport, engine_label=engine_label, options=options,
-            accumulate=accumulate, initial_sums=sums)
+            run_sums=lambda resolved_burn_in: _run_sums(resolved_burn_in, num_samples, d,
+                                                        chains)[:2],
+            run_request=run_request)
         run, failure, messages = distributed.run, distributed.failure, distributed.messages
         cfg, out_model = distributed.built.config, distributed.built.output_model
+        burn_in = cfg.burn_in  # resolved ("auto")
         info, on_violation = distributed.built.info, distributed.built.on_violation
         if failure is None:
             result = self._result(run, cfg, out_model, federation, info, num_samples, burn_in,
@@ -381,14 +423,16 @@ class _FedPDMP(Algorithm):
             "error.result", result, failure.client, failure.reason)
 
     def _sample(self, model, federation, init, num_samples, burn_in, chains, seed, progress,
-                skeleton_size, init_jitter, rate_diagnostics, run_options):
+                skeleton_size, init_jitter, rate_diagnostics, run_options, run_request=None):
         built = self.build(model, federation, init, burn_in=burn_in, chains=chains, seed=seed,
                            skeleton_size=skeleton_size, init_jitter=init_jitter,
-                           rate_diagnostics=rate_diagnostics)
+                           rate_diagnostics=rate_diagnostics, num_samples=num_samples,
+                           run_request=run_request)
         cfg, draw_step, fed_states, k_run = (built.config, built.draw_step,
                                              built.initial_states, built.key)
         out_model, info, on_violation = built.output_model, built.info, built.on_violation
         d = cfg.dim
+        burn_in = cfg.burn_in  # resolved ("auto")
         accumulate, sums, b = _run_sums(burn_in, num_samples, d, chains)
 
         # One jitted function for the engine's two traces of a draw (its output shapes, then
@@ -416,8 +460,128 @@ class _FedPDMP(Algorithm):
         return self._result(run, cfg, out_model, federation, info, num_samples, burn_in, chains,
                             on_violation, skeleton_size, b)
 
+    def _run_length(self, workers_access, theta0, info, *, run_request, burn_in, num_samples,
+                    chains, prior_grad, reference, ref_share, g_ref, g_ref0, control_variates,
+                    coords):
+        """``(sample_interval, burn_in)`` with ``"auto"`` resolved (module docstring).
+
+        The posterior's Laplace fit comes from the federated Newton (the one the Boomerang's
+        reference and the control variates use: computed once), every worker's gradient and
+        Hessian at its centre from one more round of Newton terms; they are composed into
+        the gradients the rates see (prior shares, the Boomerang's reference shares, the
+        control-variate shifts) and :func:`.relaxation.predict` turns them into ``R``."""
+        d = theta0.shape[0]
+        M = workers_access.num_workers
+        sizes = workers_access.sizes
+        mode, hess, rounds = workers_access.newton(theta0)
+        mode = np.asarray(mode, np.float64)
+        precision = 0.5 * (np.asarray(hess, np.float64) + np.asarray(hess, np.float64).T)
+        info.setdefault("laplace_rounds", rounds)
+        if not np.all(np.isfinite(precision)) or np.linalg.eigvalsh(precision).min() <= 0:
+            raise ValueError(
+                f"sample_interval='auto' / burn_in='auto': {self.name} predicts the relaxation "
+                "time from the posterior's Laplace fit, and the Hessian at the mode the "
+                "federated Newton found is not positive definite; give sample_interval and "
+                "burn_in as numbers")
+        g_data, h_data = workers_access.worker_terms(mode)
+        if ref_share is not None:  # the data workers hold -n_m/N U_ref (the Boomerang)
+            ref_precision = np.asarray(reference.precision, np.float64)
+            ref_mean = np.asarray(reference.mean, np.float64)
+            g_data = g_data - np.outer(ref_share, ref_precision @ (mode - ref_mean))
+            h_data = h_data - ref_share[:, None, None] * ref_precision[None]
+        mode_device = device_array(mode)
+        g0 = np.asarray(prior_grad(mode_device), np.float64)
+        h0 = np.asarray(jax.jacfwd(prior_grad)(mode_device), np.float64)
+        prior_worker = self.prior != "split"
+        alpha = np.zeros(M) if prior_worker else sizes / sizes.sum()
+        g_hold = g_data + alpha[:, None] * g0[None]
+        h_hold = h_data + alpha[:, None, None] * h0[None]
+        if control_variates:  # Remark 4.3: minus s_m = g_m(x*) + a_m g_0(x*) - w_m g(x*)
+            weights = sizes / sizes.sum()
+            total = np.asarray(g_ref, np.float64).sum(axis=0) + g_ref0
+            g_hold = g_hold - (np.asarray(g_ref, np.float64) + alpha[:, None] * g_ref0[None]
+                               - weights[:, None] * total[None])
+        holder_coords = np.asarray(coords, np.float64)
+        if prior_worker:
+            g_prior = g0 - (g_ref0 if control_variates else 0.0)
+            g_hold = np.concatenate([g_hold, g_prior[None]])
+            h_hold = np.concatenate([h_hold, h0[None]])
+            holder_coords = np.concatenate([holder_coords, np.ones((1, d))])
+        prediction = relaxation.predict(
+            self.spec.name, mode, precision,
+            relaxation.WorkerTerms(g=g_hold, H=h_hold, coords=holder_coords),
+            refresh_rate=self.refresh_rate, rho=self.rho, num_workers=M,
+            reference_chol=None if reference is None else np.asarray(reference.chol))
+        R = prediction.relaxation_time
+        if not math.isfinite(R) or R <= 0:
+            raise ValueError(
+                f"sample_interval='auto' / burn_in='auto': {self.name} with "
+                f"refresh_rate={self.refresh_rate:g} predicts no finite relaxation time (it "
+                "needs refresh_rate > 0 to be ergodic); give refresh_rate > 0")
+        offset = relaxation.initial_offset(theta0, mode, precision)
+        auto_interval = run_length.is_auto(self.sample_interval)
+        interval = R if auto_interval else float(self.sample_interval)
+        request = run_request
+        if request is None:
+            request = run_length.RunRequest(num_samples=int(num_samples or 1), burn_in=burn_in,
+                                            thin=1, chains=chains)
+        request = request._replace(thin=1)  # draws are the units; thin does not apply
+
+        def burn_in_for(interval_):
+            return run_length.resolve(request, R / interval_, offset, name=self.name,
+                                      info=None).burn_in
+
+        resolved_burn_in = burn_in_for(interval)
+        rate = prediction.event_rate
+        budget = float(request.max_iterations)
+
+        def events(interval_, burn_in_):
+            return (burn_in_ + request.num_samples) * interval_ * rate
+
+        planned = events(interval, resolved_burn_in)
+        if planned > budget:
+            wanted_interval, wanted_burn_in = interval, resolved_burn_in
+            if auto_interval:
+                for _ in range(3):  # a shorter interval means more burn-in draws: refit
+                    interval = interval * budget / events(interval, resolved_burn_in)
+                    resolved_burn_in = burn_in_for(interval)
+                # never an interval with which the whole run covers less than one
+                # relaxation time (run_length.budget_step_size's floor)
+                floor = R / (resolved_burn_in + request.num_samples)
+                if interval < floor:
+                    interval = floor
+                    resolved_burn_in = burn_in_for(interval)
+            fitted = events(interval, resolved_burn_in)
+            ess = run_length.predicted_ess(R, interval, request.num_samples, request.chains)
+            warnings.warn(
+                f"{self.name}: {'sample_interval=auto wants ' if auto_interval else 'sample_interval='}"
+                f"{wanted_interval:.3g} ({'one relaxation time' if auto_interval else 'given'}) "
+                f"and {wanted_burn_in + request.num_samples} draws of it, predicted "
+                f"{planned:,.0f} events per chain ({rate:.3g} per unit of process time), over "
+                f"max_iterations={request.max_iterations:,} (iterations of Algorithm 2 per "
+                "chain, each at least one event)"
+                + (f"; sample_interval={interval:.3g} is used ({fitted:,.0f} events, "
+                   f"predicted bulk ESS {ess:.0f})" if auto_interval else "")
+                + f". Raise max_iterations to {int(math.ceil(planned)):,} to keep "
+                + ("one relaxation time per draw" if auto_interval else "this run's length"),
+                run_length.RunLengthWarning, stacklevel=user_stacklevel())
+        final = run_length.resolve(request._replace(burn_in=resolved_burn_in), R / interval,
+                                   offset, name=self.name, info=info)
+        info.update(
+            relaxation_time=float(R),  # process time (resolve recorded it in draws)
+            relaxation_time_draws=float(R / interval),
+            relaxation_diffusive=float(prediction.diffusive),
+            relaxation_refresh_clock=float(prediction.refresh_clock),
+            posterior_largest_sd=float(prediction.largest_sd),
+            predicted_event_rate=float(rate),
+            predicted_events_per_chain=float(events(interval, final.burn_in)),
+            burn_in_auto=run_length.is_auto(burn_in),
+            sample_interval_auto=auto_interval)
+        return float(interval), int(final.burn_in)
+
     def build(self, model, federation, init, *, burn_in=0, chains=1, seed=0, skeleton_size=0,
-              init_jitter=0.0, rate_diagnostics=True, workers_access=None, with_protocol=False):
+              init_jitter=0.0, rate_diagnostics=True, workers_access=None, with_protocol=False,
+              num_samples=None, run_request=None):
         """The federated kernel for this model and federation, without running it (call
         under ``jax.enable_x64(True)``). Returns a :class:`BuiltSampler`; its
         ``draw_step(key, state)`` advances one chain by ``sample_interval`` (what
@@ -427,7 +591,11 @@ class _FedPDMP(Algorithm):
         and the other per-worker summaries): :class:`~.setup.LocalWorkers` (default, all data
         in this process) or ``distributed.RemoteWorkers`` (messages). With ``with_protocol=True``
         it also carries the :class:`~.federated.FedProtocol` pieces, the ``PriorPart`` and
-        the ``Workers`` (the distributed run composes them)."""
+        the ``Workers`` (the distributed run composes them).
+
+        ``sample_interval="auto"`` or ``burn_in="auto"`` (with ``run_request``, a
+        :class:`fedmcmc.run_length.RunRequest`) are resolved here (:meth:`_run_length`);
+        ``config.sample_interval`` and ``config.burn_in`` hold the values used."""
         spec = self.spec
         is_zigzag = spec is ZigZagSpec
         out_model = model.flatten(init)
@@ -533,6 +701,14 @@ class _FedPDMP(Algorithm):
         # rows a thinning pass evaluates: the padded layout, or every worker's own rows
         info["gradient_layout"] = "padded" if workers_data_grad is None else "unpadded"
 
+        sample_interval = self.sample_interval
+        if run_length.is_auto(sample_interval) or run_length.is_auto(burn_in):
+            sample_interval, burn_in = self._run_length(
+                workers_access, theta0, info, run_request=run_request, burn_in=burn_in,
+                num_samples=num_samples, chains=chains, prior_grad=prior_grad,
+                reference=reference, ref_share=ref_share, g_ref=g_ref, g_ref0=g_ref0,
+                control_variates=cv is not False, coords=coords)
+
         custom_slope, horizon = None, float("inf")
         if mode == "custom":
             custom_slope = _summed_slope_bound(attrs["zigzag_slope_bound"])
@@ -546,7 +722,7 @@ class _FedPDMP(Algorithm):
             redistribution_rate=self.redistribution_rate, control_variates=cv is not False,
             reference=reference, max_thinning=self.max_thinning,
             max_iterations_per_draw=self.max_events_per_draw, skeleton_size=skeleton_size,
-            sample_interval=self.sample_interval, burn_in=burn_in,
+            sample_interval=float(sample_interval), burn_in=int(burn_in),
             rate_diagnostics=rate_diagnostics, has_excess=self.rho > 0)
         init_fn, _, draw_step, protocol = federated.build(cfg, workers, prior_part,
                                                           with_protocol=True)
@@ -593,7 +769,10 @@ class _FedPDMP(Algorithm):
             algorithm=self.name,
             chains=chains,
             dim=d,
-            sample_interval=self.sample_interval,
+            sample_interval=cfg.sample_interval,
+            sample_interval_auto=run_length.is_auto(self.sample_interval),
+            burn_in=int(burn_in),
+            thin=1,  # a draw every sample_interval: thin does not apply
             refresh_rate=self.refresh_rate,
             rho=self.rho,
             process_time=total_time,

@@ -205,6 +205,14 @@ class RemoteWorkers:
         self._newton_cache[key] = out
         return out
 
+    def worker_terms(self, theta):
+        """Every worker's data-potential gradient and Hessian at ``theta`` (one Newton round
+        of messages), for the relaxation-time prediction."""
+        replies = self.ask("newton_terms", np.asarray(theta, np.float64))
+        self.newton_rounds += 1
+        return (np.stack([np.asarray(r[1], np.float64) for r in replies]),
+                np.stack([np.asarray(r[2], np.float64) for r in replies]))
+
     def summaries(self, **options):
         replies = self.ask("summaries", options)
         l = np.array([r[0] for r in replies], np.float64)
@@ -216,11 +224,14 @@ class RemoteWorkers:
 
 def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, chains, seed,
                 progress, skeleton_size, init_jitter, rate_diagnostics, make_transport,
-                engine_label: str, options: Dict[str, Any], accumulate=None, initial_sums=None):
+                engine_label: str, options: Dict[str, Any], run_sums=None, run_request=None):
     """Fed Zig-Zag / BPS / Boomerang with one endpoint per worker (called by
     ``_FedPDMP.sample`` under ``jax.enable_x64``). ``make_transport(specs)`` builds the
-    transport from one ``(BroadcastClient, args)`` per worker. ``accumulate`` / ``initial_sums``:
-    the family's per-chain run sums carried next to the state (see ``pdmp/algorithms.py``)."""
+    transport from one ``(BroadcastClient, args)`` per worker. ``run_sums(burn_in) ->
+    (accumulate, initial_sums)``: the family's per-chain run sums carried next to the state
+    (see ``pdmp/algorithms.py``), made once the set-up has resolved ``burn_in``.
+    ``run_request``: fm.sample's :class:`~fedmcmc.run_length.RunRequest` (``"auto"`` run
+    lengths, resolved by ``build`` from the workers' Newton terms, as in process)."""
     policy = options["on_client_failure"]
     timeout = options.get("visit_timeout")
     if policy == "drop" and (algorithm.control_variates is not False
@@ -253,7 +264,8 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
         built = algorithm.build(model, federation, init, burn_in=burn_in, chains=chains,
                                 seed=seed, skeleton_size=skeleton_size, init_jitter=init_jitter,
                                 rate_diagnostics=rate_diagnostics, workers_access=access,
-                                with_protocol=True)
+                                with_protocol=True, num_samples=num_samples,
+                                run_request=run_request)
         cfg, fed_states, k_run, info = (built.config, built.initial_states, built.key,
                                         built.info)
         protocol, prior_part, workers = built.protocol, built.prior_part, built.workers
@@ -273,10 +285,12 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
                              cfg.rate_diagnostics, protocol, timeout, policy, k_run, chains,
                              algorithm.divergence_threshold)
 
-        if accumulate is None:
+        burn_in = cfg.burn_in  # resolved ("auto")
+        if run_sums is None:
             states = fed_states
             advance = draw.advance
         else:
+            accumulate, initial_sums = run_sums(burn_in)
             states = (fed_states, initial_sums)
             advance = _with_run_sums(draw.advance, accumulate)
         dim = int(np.shape(fed_states.x)[-1])

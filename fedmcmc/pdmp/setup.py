@@ -14,7 +14,7 @@ from ..cache import jit_with_constants_as_arguments
 from .bounds import auto_worker_bounds, whitened_bound, worker_hessian_bounds
 
 __all__ = ["federated_newton", "newton", "potential_programs", "worker_gradients",
-           "worker_summaries", "LocalWorkers"]
+           "worker_newton_terms", "worker_summaries", "LocalWorkers"]
 
 
 def worker_gradients(flat_model, padded, theta):
@@ -24,6 +24,22 @@ def worker_gradients(flat_model, padded, theta):
         return -jax.grad(lambda th: flat_model.log_likelihood_sum(th, data_m, mask_m))(theta)
 
     return jax.vmap(one)(padded.data, padded.mask)
+
+
+def worker_newton_terms(flat_model, padded, theta):
+    """``(g (M, d), H (M, d, d))``: every worker's data-potential gradient and Hessian at
+    ``theta`` (what a worker sends in a Newton round), for the relaxation-time prediction
+    (:mod:`.relaxation`)."""
+
+    def one(th, data_m, mask_m):
+        def potential(point):
+            return -flat_model.log_likelihood_sum(point, data_m, mask_m)
+
+        return jax.grad(potential)(th), jax.hessian(potential)(th)
+
+    g, h = jit_with_constants_as_arguments(
+        lambda th: jax.vmap(one, in_axes=(None, 0, 0))(th, padded.data, padded.mask))(theta)
+    return np.asarray(g, np.float64), np.asarray(h, np.float64)
 
 
 def worker_summaries(flat_model, padded, *, mode, safety, theta0, hessian_bound=None,
@@ -72,9 +88,19 @@ class LocalWorkers:
         self.num_workers = len(self.sizes)
         self.data = padded.data
         self.mask = padded.mask
+        self._newton_cache = {}
 
     def newton(self, theta0):
-        return federated_newton(self.flat_model, self.padded, theta0)
+        """Federated Newton from ``theta0`` (once per point: the Boomerang's reference, the
+        control variates and the relaxation time share it)."""
+        key = np.asarray(theta0, np.float64).tobytes()
+        if key not in self._newton_cache:
+            self._newton_cache[key] = federated_newton(self.flat_model, self.padded, theta0)
+        return self._newton_cache[key]
+
+    def worker_terms(self, theta):
+        """Every worker's data-potential gradient and Hessian at ``theta``."""
+        return worker_newton_terms(self.flat_model, self.padded, jnp.asarray(theta, jnp.float64))
 
     def summaries(self, **kwargs):
         return worker_summaries(self.flat_model, self.padded, **kwargs)
