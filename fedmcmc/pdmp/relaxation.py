@@ -59,9 +59,15 @@ Section 4.1) act as partial refreshments, so its clock is ``1 / (refresh_rate + 
 sum_m E<v, g_m>_+ - E<v, g>_+)``. The Boomerang's reflections and rotation keep the energy
 ``|z|^2 + |w|^2`` in the whitened frame: its clock is ``1 / (refresh_rate + M rho)``, and it
 takes at least a quarter turn ``pi / 2`` (``cos(pi / 2) = 0``). ``R = max(R_diffusive,
-clock)``; the Zig-Zag has no such clock (its flips change ``|v_i|``'s sign pattern, and it
-is ergodic without excess rate). On Gaussians (the tests) the measured relaxation of the BPS
-is between ``R_diffusive`` and this ``R``: the clock errs on the long side.
+clock)``; the Zig-Zag has no such clock (it is ergodic without excess rate, and its flips
+are all the velocity changes there are).
+
+Measured (``tests/pdmp/test_pdmp_run_length.py``, the bulk ESS of draws one predicted ``R``
+apart read as the AR(1) of :mod:`fedmcmc.run_length`): on the PDMP Gaussian with 8 non-IID
+workers, Zig-Zag 3.6 for 3.8 predicted, BPS 5.7 for 6.5, Boomerang 11.9 for 16.3 (its clock);
+on the real federations with control variates the bulk ESS was 0.75 to 1.2 times the
+predicted one (the least: BPS on grouseticks). The predicted event rate was within 2 % of the
+events counted (10 % for the BPS on the real federations).
 
 The same averages give the predicted **event rate** (velocity changes per unit of process
 time, per chain): ``sum_m E (v_i d_i U_m)_+ = sum_m E|d_i U_m| / 2`` per Zig-Zag coordinate,
