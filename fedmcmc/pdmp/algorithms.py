@@ -525,7 +525,8 @@ class _FedPDMP(Algorithm):
         if request is None:
             request = run_length.RunRequest(num_samples=int(num_samples or 1), burn_in=burn_in,
                                             thin=1, chains=chains)
-        request = request._replace(thin=1)  # draws are the units; thin does not apply
+        # draws are the units (thin does not apply); the burn_in build was given
+        request = request._replace(thin=1, burn_in=burn_in)
 
         def burn_in_for(interval_):
             return run_length.resolve(request, R / interval_, offset, name=self.name,
@@ -553,9 +554,9 @@ class _FedPDMP(Algorithm):
                     resolved_burn_in = burn_in_for(interval)
             fitted = events(interval, resolved_burn_in)
             ess = run_length.predicted_ess(R, interval, request.num_samples, request.chains)
+            asked = "sample_interval='auto' wants " if auto_interval else "sample_interval="
             warnings.warn(
-                f"{self.name}: {'sample_interval=auto wants ' if auto_interval else 'sample_interval='}"
-                f"{wanted_interval:.3g} ({'one relaxation time' if auto_interval else 'given'}) "
+                f"{self.name}: {asked}{wanted_interval:.3g} ({'one relaxation time' if auto_interval else 'given'}) "
                 f"and {wanted_burn_in + request.num_samples} draws of it, predicted "
                 f"{planned:,.0f} events per chain ({rate:.3g} per unit of process time), over "
                 f"max_iterations={request.max_iterations:,} (iterations of Algorithm 2 per "
