@@ -213,10 +213,8 @@ def resolve(request: RunRequest, relaxation_time: Optional[float],
         iterations = (burn_in + request.num_samples) * thin
         if iterations > request.max_iterations:
             # the budget: fewer iterations per draw (and a burn-in of the same time)
+            # (an "auto" burn-in keeps its number of draws: it shrinks with thin, in proportion)
             fitted = max(1, request.max_iterations // (burn_in + request.num_samples))
-            if request.auto_burn_in:
-                burn_in = int(math.ceil(burn_in * thin / fitted))
-                fitted = max(1, request.max_iterations // (burn_in + request.num_samples))
             warnings.warn(
                 f"{name}: thin='auto' wants {thin} iterations per draw (one relaxation time) "
                 f"but {burn_in + request.num_samples} draws of it make {iterations:,} iterations, "

@@ -112,6 +112,11 @@ def test_run_length_rules():
     with pytest.warns(fm.RunLengthWarning, match="max_iterations"):
         capped = run_length.resolve(request._replace(max_iterations=100_000), 250.4)
     assert (capped.burn_in + 1000) * capped.thin <= 100_000
+    # a relaxation time far beyond the budget: thin 1, and burn-in within the budget too
+    with pytest.warns(fm.RunLengthWarning):
+        tight = run_length.resolve(run_length.RunRequest(200, "auto", "auto", 4,
+                                                         max_iterations=20_000), 5.3e6, 50.0)
+    assert (tight.burn_in + 200) * tight.thin <= 20_000 and tight.burn_in < 200
     with pytest.raises(ValueError, match="thin='auto'"):
         run_length.resolve(request, None)
 
