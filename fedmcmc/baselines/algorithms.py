@@ -44,7 +44,7 @@ from ..engines.options import check_engine_options
 from ..engines.ray_engine import ray_transports
 from ..engines.ray_security import record_ray_authentication
 from ..results import assemble_result, divergence_details, diverged_error
-from . import consensus, distributed, fald, qlsd
+from . import consensus, distributed, fald, qlsd, tuning
 from .common import client_likelihood_gradients, global_mode, unravel_numpy
 
 __all__ = ["FALD", "QLSD", "ConsensusMC"]
@@ -59,12 +59,22 @@ def _layout(model, federation, init):
 
 class _Baseline(Algorithm):
     """What the three baselines share: ``engine="local"`` runs their ``sample_local``,
-    ``engine="ray"`` their ``sample_distributed`` with one Ray actor per client."""
+    ``engine="ray"`` their ``sample_distributed`` with one Ray actor per client.
+
+    ``thin`` and ``burn_in`` may be ``"auto"`` on both engines (``supports_run_request``:
+    ``fm.sample`` passes its :class:`fedmcmc.run_length.RunRequest` as the ``run_request``
+    option): FA-LD and QLSD resolve them from the relaxation time 2 / (h lambda_min) of the
+    posterior's Laplace fit, ConsensusMC to one NUTS transition per draw and its warm-up
+    default (:mod:`fedmcmc.baselines.tuning`). The values used are in ``info["thin"]`` and
+    ``info["burn_in"]``."""
+
+    supports_run_request: bool = True
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
+        request = options.pop("run_request", None)  # before the run options are checked
         run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                   chains=chains, seed=seed, progress=progress)
+                   chains=chains, seed=seed, progress=progress, run_request=request)
         if engine != "ray":
             return self.sample_local(model, federation, **run, **options)
         self.check_run(model.flatten(init).dim, chains, num_samples)
@@ -243,7 +253,7 @@ class FALD(_Baseline):
         }
 
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
-                     seed, progress, **options):
+                     seed, progress, run_request=None, **options):
         """The run on the in-process engine (every client of every chain in one program)."""
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
@@ -252,6 +262,14 @@ class FALD(_Baseline):
         info = {"chains": chains, **self.settings_info(num_clients)}  # one state per chain
         control = None
         setup_rounds, setup_floats = 0, 0
+        fit = None
+        if tuning.wants_fit(thin, burn_in):
+            # the clients' Laplace fits: theta0 down, (P_s, b_s) up (one round)
+            fit = tuning.in_process_laplace(flat_model, federation, theta0)
+            setup_rounds, setup_floats = 1, num_clients * (
+                dim + tuning.fit_floats(dim, fit.precision.ndim == 1))
+        thin, burn_in = tuning.resolve_run(self.name, run_request, thin, burn_in, num_samples,
+                                           chains, self.step_size, fit, theta0, info)
         if self.variance_reduction:
             theta_star, found = _reference_point(flat_model, data, theta0, self.reference_point,
                                                  self.mode_max_iterations)
@@ -260,9 +278,9 @@ class FALD(_Baseline):
             control = fald.ControlVariates(theta_star, gradient_star)
             # theta* is broadcast and every client returns its gradient at it (one round),
             # plus the rounds of the mode search (theta down, value and gradient up)
-            setup_rounds = 1 + found.evaluations
-            setup_floats = (2 * dim * num_clients
-                            + found.evaluations * num_clients * (2 * dim + 1))
+            setup_rounds += 1 + found.evaluations
+            setup_floats += (2 * dim * num_clients
+                             + found.evaluations * num_clients * (2 * dim + 1))
             info.update(reference_point=found.source, mode_iterations=found.iterations,
                         reference_gradient_norm=float(jnp.linalg.norm(gradient_star)))
         step = self._kernel(flat_model, data, weights, k, control)
@@ -313,16 +331,18 @@ class FALD(_Baseline):
         return result
 
     def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
-                           init, num_samples, burn_in, thin, chains, seed, progress):
+                           init, num_samples, burn_in, thin, chains, seed, progress,
+                           run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds
         (:func:`fedmcmc.baselines.distributed.sample_fald`; ``options``: checked engine
         options, :func:`fedmcmc.engines.options.check_engine_options`). The draws are
-        ``engine="local"``'s; ``info`` counts the transport's real messages."""
+        ``engine="local"``'s; ``info`` counts the transport's real messages. ``"auto"`` run
+        lengths: from the clients' own Laplace fits."""
         out = distributed.sample_fald(self, model, federation, make_transport, engine_label,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
-                                      progress=progress)
-        result = self._result(out.run, model.flatten(init), out.info, thin)
+                                      progress=progress, run_request=run_request)
+        result = self._result(out.run, model.flatten(init), out.info, out.info["thin"])
         if out.run.failure is not None:
             raise _client_failure(self, engine_label, out.run, result)
         return result
@@ -433,11 +453,18 @@ class QLSD(_Baseline):
         return info
 
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
-                     seed, progress, **options):
+                     seed, progress, run_request=None, **options):
         """The run on the in-process engine (every client of every chain in one program)."""
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
+        resolved = {}
+        fit = None
+        if tuning.wants_fit(thin, burn_in):
+            # the clients' Laplace fits: theta0 down, (P_s, b_s) up (one round)
+            fit = tuning.in_process_laplace(flat_model, federation, theta0)
+        thin, burn_in = tuning.resolve_run(self.name, run_request, thin, burn_in, num_samples,
+                                           chains, self.step_size, fit, theta0, resolved)
         levels, every, rate = self.quantisation_settings(federation, dim)
         step = self._kernel(flat_model, data, weights, levels, every, rate)
         variance_reduction = self.variance_reduction
@@ -476,11 +503,17 @@ class QLSD(_Baseline):
         bits_per_vector = 32 * dim if levels is None else 32 + self.bits * dim
         # every iteration: theta down to each client (d float32), one quantised vector up
         bits = chains * iterations * num_clients * (32 * dim + bits_per_vector)
+        setup_rounds = 0
+        if fit is not None:  # the Laplace round: theta0 down, (P_s, b_s) up, float32
+            setup_rounds = 1
+            bits += 32 * num_clients * (dim + tuning.fit_floats(dim, fit.precision.ndim == 1))
         info = {
             "chains": chains,  # the engine ran them as one state
             **self.settings_info(num_clients, levels, every, rate),
-            "rounds": iterations,
-            "messages": int(2 * chains * iterations * num_clients),
+            **resolved,
+            "rounds": iterations + setup_rounds,
+            "messages": int(2 * chains * iterations * num_clients
+                            + 2 * num_clients * setup_rounds),
             "bits_communicated": int(bits),
             "floats_communicated": int(bits // 32),
         }
@@ -513,17 +546,19 @@ class QLSD(_Baseline):
         return result
 
     def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
-                           init, num_samples, burn_in, thin, chains, seed, progress):
+                           init, num_samples, burn_in, thin, chains, seed, progress,
+                           run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds
         (:func:`fedmcmc.baselines.distributed.sample_qlsd`; ``options``: checked engine
         options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
-        messages (``bits_communicated`` the quantised code's, as on the in-process engine)."""
+        messages (``bits_communicated`` the quantised code's, as on the in-process engine).
+        ``"auto"`` run lengths: from the clients' own Laplace fits."""
         out = distributed.sample_qlsd(self, model, federation, make_transport, engine_label,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
-                                      progress=progress)
+                                      progress=progress, run_request=run_request)
         out.info["chains"] = chains
-        result = self._result(out.run, model.flatten(init), out.info, thin, chains,
+        result = self._result(out.run, model.flatten(init), out.info, out.info["thin"], chains,
                               np.asarray(out.state.position))
         if out.run.failure is not None:
             raise _client_failure(self, engine_label, out.run, result)
@@ -548,7 +583,10 @@ class ConsensusMC(_Baseline):
     ``(chains, num_samples, S, *leaf_shape)``).
     ``thin``: NUTS transitions per kept draw. ``burn_in``: NUTS warm-up (window
     adaptation of the step size and a diagonal mass matrix) of ``burn_in * thin``
-    transitions, discarded, unless ``num_warmup`` is given.
+    transitions, discarded, unless ``num_warmup`` is given. ``thin="auto"``: 1 (NUTS draws
+    are nearly independent); ``burn_in="auto"``: the warm-up default, ``default_warmup``
+    (200) transitions, or with ``num_warmup`` given no draw discarded after it; the values
+    used are in ``info["thin"]``, ``info["burn_in"]`` and ``info["warmup_steps"]``.
 
     Runs on ``engine="local"`` and on ``engine="ray"`` (one actor per client, its rows loaded
     there; each client sends its draws up chunk by chunk, so that a failure keeps the draws
@@ -624,10 +662,18 @@ class ConsensusMC(_Baseline):
                 raise ValueError(f"{option}: ConsensusMC cannot resume or report draws chunk by "
                                  "chunk (it combines the clients' draws after sampling)")
 
+    def run_lengths(self, thin, burn_in, info: dict):
+        """``(thin, burn_in)`` with ``"auto"`` resolved: one NUTS transition per draw, the
+        warm-up default (:func:`fedmcmc.baselines.tuning.consensus_run`)."""
+        return tuning.consensus_run(thin, burn_in, self.num_warmup,
+                                    self.default_warmup, info)
+
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
-                     seed, progress, **options):
+                     seed, progress, run_request=None, **options):
         """The run on the in-process engine (every chain of every client's NUTS vmapped)."""
         run_options = split_run_options(options, self.name)
+        resolved = {}
+        thin, burn_in = self.run_lengths(thin, burn_in, resolved)
         self.check_engine_run_options(run_options)
         for option in self.REFUSED_RUN_OPTIONS:  # only unset ones are left after the check
             run_options.pop(option, None)
@@ -671,6 +717,7 @@ class ConsensusMC(_Baseline):
         )
         final = run.state
         info = self.settings_info(num_clients, warmup)
+        info.update(resolved)
         info["step_size_per_client"] = np.asarray(final.step_size).mean(axis=0).tolist()
         kept = run.draws.shape[1]
         # one round: init down to every client, every client's kept draws up
@@ -722,16 +769,20 @@ class ConsensusMC(_Baseline):
         return result
 
     def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
-                           init, num_samples, burn_in, thin, chains, seed, progress):
+                           init, num_samples, burn_in, thin, chains, seed, progress,
+                           run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds
         (:func:`fedmcmc.baselines.distributed.sample_consensus`; ``options``: checked engine
         options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
         messages (the draws go up chunk by chunk)."""
+        resolved = {}
+        thin, burn_in = self.run_lengths(thin, burn_in, resolved)
         out = distributed.sample_consensus(self, model, federation, make_transport, engine_label,
                                            options, init=init, num_samples=num_samples,
                                            burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                            progress=progress)
         discard = burn_in if self.num_warmup is not None else 0
+        out.info.update(resolved)
         result = self._result(out.run, model.flatten(init), out.info, chains, thin, discard,
                               out.state["divergences"], out.state["acceptance"])
         if out.run.failure is not None:
