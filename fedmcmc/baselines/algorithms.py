@@ -121,6 +121,22 @@ def _check_batch_size(value: Any) -> int:
     return check_positive_int(value, "batch_size")
 
 
+def _check_step_size(value: Any):
+    """h > 0 or ``"auto"`` (:mod:`fedmcmc.baselines.tuning`)."""
+    if isinstance(value, str):
+        if value == "auto":
+            return value
+        raise ValueError(f"step_size must be a positive number or 'auto', got {value!r}")
+    return check_positive_float(value, "step_size")
+
+
+def _check_tolerance(value: Any) -> float:
+    number = check_positive_float(value, "step_size_tolerance")
+    if number >= 1.0:
+        raise ValueError(f"step_size_tolerance must be in (0, 1), got {value!r}")
+    return number
+
+
 def _stack(state, chains: int):
     return jax.tree_util.tree_map(lambda leaf: jnp.broadcast_to(leaf, (chains,) + leaf.shape),
                                   state)
@@ -180,7 +196,13 @@ class FALD(_Baseline):
     Parameters
     ----------
     step_size:
-        h > 0.
+        h > 0, or ``"auto"``: the largest h whose discretisation ratio (h/4) lambda_max(P)
+        and predicted minibatch-noise ratio stay within ``step_size_tolerance`` (P the
+        posterior's Laplace precision from the clients' own fits), within the stability
+        limit of the stiffest client's local chain, and raised only when the run cannot
+        afford its relaxation time (the budget rule); ``info`` says what was chosen and why
+        (:func:`fedmcmc.baselines.tuning.choose_step_size`). The prediction does not see
+        the client drift of many local steps (a bias; VR-FALD* removes it).
     batch_size:
         Minibatch size m per client and local step, an upper bound: a client with at most
         m rows uses all of them (its exact gradient); the estimate is scaled by n_s / m.
@@ -204,6 +226,12 @@ class FALD(_Baseline):
         L-BFGS iteration limit of that search.
     noise:
         Inject the Langevin noise (False: federated averaging of gradient ascent).
+    step_size_tolerance:
+        The bound of ``step_size="auto"`` on both ratios (default 0.05, the Langevin
+        family's).
+
+    ``thin="auto"`` / ``burn_in="auto"`` (``fm.sample``): from the relaxation time
+    2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
     engines = ("local", "ray")
@@ -212,8 +240,9 @@ class FALD(_Baseline):
 
     def __init__(self, step_size, batch_size, local_steps, participation=1.0,
                  variance_reduction=False, *, reference_point=None, mode_max_iterations=500,
-                 noise=True):
-        self.step_size = check_positive_float(step_size, "step_size")
+                 noise=True, step_size_tolerance=tuning.DEFAULT_TOLERANCE):
+        self.step_size = _check_step_size(step_size)
+        self.step_size_tolerance = _check_tolerance(step_size_tolerance)
         self.batch_size = _check_batch_size(batch_size)
         self.local_steps = check_positive_int(local_steps, "local_steps")
         self.participation = _check_unit_fraction(participation, "participation")
@@ -235,15 +264,29 @@ class FALD(_Baseline):
             return None
         return max(1, math.ceil(self.participation * num_clients - 1e-9))
 
-    def _kernel(self, flat_model, data, weights, clients_per_round, control_variates):
+    def _kernel(self, flat_model, data, weights, clients_per_round, control_variates,
+                step_size):
         return fald.build_kernel(flat_model, data, weights, self.batch_size, self.local_steps,
-                                 self.step_size, clients_per_round, control_variates, self.noise)
+                                 step_size, clients_per_round, control_variates, self.noise)
 
-    def settings_info(self, num_clients: int) -> dict:
-        """The hyper-parameters as ``Result.info`` reports them (every engine)."""
+    def resolve_settings(self, flat_model, fit, sizes, weights, request, *, thin, burn_in,
+                         num_samples, chains, theta0, info) -> tuple:
+        """``(h, thin, burn_in)`` with every ``"auto"`` resolved from the Laplace ``fit``
+        (:func:`fedmcmc.baselines.tuning.resolve`), the same on every engine."""
+        return tuning.resolve(
+            self.name, step_size=self.step_size, tolerance=self.step_size_tolerance, fit=fit,
+            flat_model=flat_model, sizes=sizes, weights=weights, batch_size=self.batch_size,
+            request=request, thin=thin, burn_in=burn_in, num_samples=num_samples,
+            chains=chains, theta0=theta0, info=info,
+            clients_per_round=self.clients_per_round(len(sizes)),
+            local_steps=self.local_steps)
+
+    def settings_info(self, num_clients: int, step_size=None) -> dict:
+        """The hyper-parameters as ``Result.info`` reports them (every engine); ``step_size``:
+        the h used (default: the one given)."""
         k = self.clients_per_round(num_clients)
         return {
-            "step_size": self.step_size,
+            "step_size": self.step_size if step_size is None else step_size,
             "batch_size": self.batch_size,
             "local_steps": self.local_steps,
             "participation": self.participation,
@@ -263,13 +306,15 @@ class FALD(_Baseline):
         control = None
         setup_rounds, setup_floats = 0, 0
         fit = None
-        if tuning.wants_fit(thin, burn_in):
+        if tuning.wants_fit(thin, burn_in, self.step_size):
             # the clients' Laplace fits: theta0 down, (P_s, b_s) up (one round)
             fit = tuning.in_process_laplace(flat_model, federation, theta0)
             setup_rounds, setup_floats = 1, num_clients * (
                 dim + tuning.fit_floats(dim, fit.precision.ndim == 1))
-        thin, burn_in = tuning.resolve_run(self.name, run_request, thin, burn_in, num_samples,
-                                           chains, self.step_size, fit, theta0, info)
+        step_size, thin, burn_in = self.resolve_settings(
+            flat_model, fit, np.asarray(federation.sizes), np.asarray(federation.weights),
+            run_request, thin=thin, burn_in=burn_in, num_samples=num_samples, chains=chains,
+            theta0=theta0, info=info)
         if self.variance_reduction:
             theta_star, found = _reference_point(flat_model, data, theta0, self.reference_point,
                                                  self.mode_max_iterations)
@@ -283,7 +328,7 @@ class FALD(_Baseline):
                              + found.evaluations * num_clients * (2 * dim + 1))
             info.update(reference_point=found.source, mode_iterations=found.iterations,
                         reference_gradient_norm=float(jnp.linalg.norm(gradient_star)))
-        step = self._kernel(flat_model, data, weights, k, control)
+        step = self._kernel(flat_model, data, weights, k, control, step_size)
 
         local_steps = self.local_steps
 
@@ -371,7 +416,12 @@ class QLSD(_Baseline):
     Parameters
     ----------
     step_size:
-        h > 0.
+        h > 0, or ``"auto"``: the largest h whose discretisation ratio (h/4) lambda_max(P)
+        and predicted ratio of minibatch and quantisation noise to the injected noise stay
+        within ``step_size_tolerance`` (P the posterior's Laplace precision from the clients'
+        own fits), raised only when the run cannot afford its relaxation time (the budget
+        rule); ``info`` says what was chosen and why
+        (:func:`fedmcmc.baselines.tuning.choose_step_size`).
     batch_size:
         Minibatch size m per client and iteration (upper bound: a client with at most m
         rows uses all of them, its exact gradient; the estimate is scaled by n_s / m).
@@ -390,6 +440,12 @@ class QLSD(_Baseline):
         1 / (1 + omega), omega = min(d / s^2, sqrt(d) / s) the quantiser's variance bound.
     noise:
         Inject the Langevin noise.
+    step_size_tolerance:
+        The bound of ``step_size="auto"`` on both ratios (default 0.05, the Langevin
+        family's).
+
+    ``thin="auto"`` / ``burn_in="auto"`` (``fm.sample``): from the relaxation time
+    2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
     engines = ("local", "ray")
@@ -397,8 +453,10 @@ class QLSD(_Baseline):
     supports_resume: bool = True
 
     def __init__(self, step_size, batch_size, bits=8, variance_reduction=False, *,
-                 reference_every=None, memory_rate=None, noise=True):
-        self.step_size = check_positive_float(step_size, "step_size")
+                 reference_every=None, memory_rate=None, noise=True,
+                 step_size_tolerance=tuning.DEFAULT_TOLERANCE):
+        self.step_size = _check_step_size(step_size)
+        self.step_size_tolerance = _check_tolerance(step_size_tolerance)
         self.batch_size = _check_batch_size(batch_size)
         if bits is not None:
             if (isinstance(bits, bool) or not isinstance(bits, (int, np.integer))
@@ -430,17 +488,31 @@ class QLSD(_Baseline):
             1.0 + qlsd.variance_bound(levels, dim))
         return levels, every, rate
 
-    def _kernel(self, flat_model, data, weights, levels, every, rate):
+    def _kernel(self, flat_model, data, weights, levels, every, rate, step_size):
         if self.variance_reduction:
             return qlsd.build_kernel_plus_plus(flat_model, data, weights, self.batch_size,
-                                               self.step_size, levels, every, rate, self.noise)
-        return qlsd.build_kernel(flat_model, data, weights, self.batch_size, self.step_size,
+                                               step_size, levels, every, rate, self.noise)
+        return qlsd.build_kernel(flat_model, data, weights, self.batch_size, step_size,
                                  levels, self.noise)
 
-    def settings_info(self, num_clients: int, levels, every, rate) -> dict:
-        """The hyper-parameters as ``Result.info`` reports them (every engine)."""
+    def resolve_settings(self, flat_model, fit, sizes, weights, request, *, thin, burn_in,
+                         num_samples, chains, theta0, info) -> tuple:
+        """``(h, thin, burn_in)`` with every ``"auto"`` resolved from the Laplace ``fit``
+        (:func:`fedmcmc.baselines.tuning.resolve`; the quantiser's variance bound omega in
+        the noise), the same on every engine."""
+        levels = qlsd.levels_for_bits(self.bits)
+        omega = 0.0 if levels is None else qlsd.variance_bound(levels, flat_model.dim)
+        return tuning.resolve(
+            self.name, step_size=self.step_size, tolerance=self.step_size_tolerance, fit=fit,
+            flat_model=flat_model, sizes=sizes, weights=weights, batch_size=self.batch_size,
+            request=request, thin=thin, burn_in=burn_in, num_samples=num_samples,
+            chains=chains, theta0=theta0, info=info, quantiser_variance=omega)
+
+    def settings_info(self, num_clients: int, levels, every, rate, step_size=None) -> dict:
+        """The hyper-parameters as ``Result.info`` reports them (every engine); ``step_size``:
+        the h used (default: the one given)."""
         info = {
-            "step_size": self.step_size,
+            "step_size": self.step_size if step_size is None else step_size,
             "batch_size": self.batch_size,
             "bits": self.bits if self.bits is not None else "none",
             "quantization_levels": levels if levels is not None else "none",
@@ -460,13 +532,15 @@ class QLSD(_Baseline):
         dim, num_clients = flat_model.dim, federation.num_clients
         resolved = {}
         fit = None
-        if tuning.wants_fit(thin, burn_in):
+        if tuning.wants_fit(thin, burn_in, self.step_size):
             # the clients' Laplace fits: theta0 down, (P_s, b_s) up (one round)
             fit = tuning.in_process_laplace(flat_model, federation, theta0)
-        thin, burn_in = tuning.resolve_run(self.name, run_request, thin, burn_in, num_samples,
-                                           chains, self.step_size, fit, theta0, resolved)
+        step_size, thin, burn_in = self.resolve_settings(
+            flat_model, fit, np.asarray(federation.sizes), np.asarray(federation.weights),
+            run_request, thin=thin, burn_in=burn_in, num_samples=num_samples, chains=chains,
+            theta0=theta0, info=resolved)
         levels, every, rate = self.quantisation_settings(federation, dim)
-        step = self._kernel(flat_model, data, weights, levels, every, rate)
+        step = self._kernel(flat_model, data, weights, levels, every, rate, step_size)
         variance_reduction = self.variance_reduction
 
         def initial_states(theta):
@@ -509,7 +583,7 @@ class QLSD(_Baseline):
             bits += 32 * num_clients * (dim + tuning.fit_floats(dim, fit.precision.ndim == 1))
         info = {
             "chains": chains,  # the engine ran them as one state
-            **self.settings_info(num_clients, levels, every, rate),
+            **self.settings_info(num_clients, levels, every, rate, step_size),
             **resolved,
             "rounds": iterations + setup_rounds,
             "messages": int(2 * chains * iterations * num_clients

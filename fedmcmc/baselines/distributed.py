@@ -113,18 +113,21 @@ class _LaplaceOnClient:
         return tuning.client_laplace(context, theta0)
 
 
-def _resolve_on_clients(algorithm, clients, flat, request, init, thin, burn_in, num_samples,
-                        chains, info):
-    """``(thin, burn_in, fit)``: ``"auto"`` run lengths from the clients' Laplace fits (one
-    set-up round, asked only when an ``"auto"`` is), recorded in ``info``."""
+def _resolve_on_clients(algorithm, clients, federation, flat, request, init, thin, burn_in,
+                        num_samples, chains, info):
+    """``(h, thin, burn_in, fit)``: ``"auto"`` step size and run lengths from the clients'
+    Laplace fits (one set-up round, asked only when an ``"auto"`` is), resolved by the
+    algorithm's ``resolve_settings`` as in process, recorded in ``info``."""
     theta0 = np.asarray(flat.ravel(init))
     fit = None
-    if tuning.wants_fit(thin, burn_in):
+    if tuning.wants_fit(thin, burn_in, algorithm.step_size):
         fit = tuning.combine_client_laplace(flat, clients.setup("laplace", theta0), theta0)
-    thin, burn_in = tuning.resolve_run(algorithm.name, request, thin, burn_in, num_samples,
-                                       chains, algorithm.step_size, fit, theta0, info)
-    info.update(thin=thin, burn_in=burn_in)
-    return thin, burn_in, fit
+    h, thin, burn_in = algorithm.resolve_settings(
+        flat, fit, np.asarray(federation.sizes), np.asarray(federation.weights), request,
+        thin=thin, burn_in=burn_in, num_samples=num_samples, chains=chains, theta0=theta0,
+        info=info)
+    info.update(step_size=h, thin=thin, burn_in=burn_in)
+    return h, thin, burn_in, fit
 
 
 class FALDFunctions(_LaplaceOnClient):
@@ -467,12 +470,13 @@ def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
         weights = np.asarray(federation.weights)
         f = jnp.asarray(weights, flat.dtype)
         cumulative = jnp.asarray(np.cumsum(np.asarray(weights, np.float64)), jnp.float32)
-        h = jnp.asarray(algorithm.step_size, flat.dtype)
         k = algorithm.clients_per_round(num_clients)
         reference, setup_rounds = None, 0
         info = algorithm.settings_info(num_clients)
-        thin, burn_in, fit = _resolve_on_clients(algorithm, clients, flat, run_request, init,
-                                                 thin, burn_in, num_samples, chains, info)
+        step_size, thin, burn_in, fit = _resolve_on_clients(
+            algorithm, clients, federation, flat, run_request, init, thin, burn_in,
+            num_samples, chains, info)
+        h = jnp.asarray(step_size, flat.dtype)
         if fit is not None:
             setup_rounds += 1
         if algorithm.variance_reduction:
@@ -484,7 +488,7 @@ def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
             setup_rounds += 1
             info.update(reference_point="given", mode_iterations=0,
                         reference_gradient_norm=float(jnp.linalg.norm(gradient_star)))
-        base = dict(batch_size=algorithm.batch_size, step_size=algorithm.step_size,
+        base = dict(batch_size=algorithm.batch_size, step_size=step_size,
                     noise=algorithm.noise, reference=reference, longest=min(thin, L),
                     may_be_smaller=_may_be_smaller(federation, algorithm.batch_size))
         clients.configure(lambda s: dict(base, weight=float(weights[s])))
@@ -565,8 +569,9 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
         dim, num_clients = flat.dim, federation.num_clients
         weights = np.asarray(federation.weights)
         resolved: Dict[str, Any] = {}
-        thin, burn_in, fit = _resolve_on_clients(algorithm, clients, flat, run_request, init,
-                                                 thin, burn_in, num_samples, chains, resolved)
+        step_size, thin, burn_in, fit = _resolve_on_clients(
+            algorithm, clients, federation, flat, run_request, init, thin, burn_in,
+            num_samples, chains, resolved)
         levels, every, rate = algorithm.quantisation_settings(federation, dim)
         plus_plus = algorithm.variance_reduction
         base = dict(batch_size=algorithm.batch_size, levels=levels, chains=chains,
@@ -574,7 +579,7 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
                     reference_every=every if plus_plus else None, memory_rate=rate)
         clients.configure(lambda s: dict(base, weight=float(weights[s])))
         clients.ready()
-        h = jnp.asarray(algorithm.step_size, flat.dtype)
+        h = jnp.asarray(step_size, flat.dtype)
         alpha = jnp.asarray(rate, flat.dtype)
         noise = algorithm.noise
 
@@ -616,7 +621,7 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
                     draws_per_call=1, divergence_threshold=algorithm.divergence_threshold,
                     progress=progress, label=f"{algorithm.name} ({engine_label})",
                     iterations_per_draw=thin * chains, **run_options)
-        info = algorithm.settings_info(num_clients, levels, every, rate)
+        info = algorithm.settings_info(num_clients, levels, every, rate, step_size)
         info.update(resolved)
         iterations = run.draws_done * thin
         bits_per_vector = 32 * dim if levels is None else 32 + algorithm.bits * dim

@@ -41,11 +41,13 @@ transitions; :meth:`fedmcmc.ConsensusMC.warmup_steps`).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple, Optional
 
 import numpy as np
 
 from .. import run_length
+from ..callsite import user_stacklevel
 from .. import surrogates as surrogate_module
 from ..arrays import device_array
 from ..federation import Federation
@@ -57,34 +59,44 @@ __all__ = ["Curvature", "curvature", "in_process_laplace", "client_laplace",
 
 
 class Curvature(NamedTuple):
-    """The Laplace fit of the posterior: centre m, precision P and its extreme eigenvalues."""
+    """The Laplace fit of the posterior: centre m, precision P and its extreme eigenvalues,
+    and the clients' own fits (natural parameters P_s, b_s of their log likelihoods)."""
 
     center: np.ndarray  # (d,)
     precision: np.ndarray  # (d, d), or (d,) when the fits are diagonal
     lambda_min: float
     lambda_max: float
+    client_precisions: Optional[np.ndarray] = None  # (S, d, d) or (S, d)
+    client_shifts: Optional[np.ndarray] = None  # (S, d)
 
     def info(self) -> dict:
         return {"laplace_lambda_min": float(self.lambda_min),
                 "laplace_lambda_max": float(self.lambda_max)}
 
 
-def curvature(center, precision) -> Curvature:
-    """A :class:`Curvature` from the Laplace fit's centre and precision."""
-    center = np.asarray(center, np.float64)
-    precision = np.asarray(precision, np.float64)
-    if precision.ndim == 1:
-        values = np.sort(precision)
-    else:
-        values = np.linalg.eigvalsh(0.5 * (precision + precision.T))
-    return Curvature(center, precision, float(values[0]), float(values[-1]))
+def _extreme_eigenvalues(matrix) -> tuple:
+    matrix = np.asarray(matrix, np.float64)
+    if matrix.ndim == 1:
+        return float(np.min(matrix)), float(np.max(matrix))
+    values = np.linalg.eigvalsh(0.5 * (matrix + matrix.T))
+    return float(values[0]), float(values[-1])
+
+
+def curvature(center, precision, fits=None) -> Curvature:
+    """A :class:`Curvature` from the Laplace fit's centre and precision (and the clients'
+    ``fits``, a :class:`~fedmcmc.surrogates.GaussianSurrogates`)."""
+    low, high = _extreme_eigenvalues(precision)
+    clients = (None, None) if fits is None else (np.asarray(fits.precision, np.float64),
+                                                 np.asarray(fits.shift, np.float64))
+    return Curvature(np.asarray(center, np.float64), np.asarray(precision, np.float64),
+                     low, high, *clients)
 
 
 def in_process_laplace(flat_model, federation: Federation, theta0) -> Curvature:
     """The per-client Laplace fits of every client (vmapped here) combined with the prior."""
     fits = surrogate_module.fit_laplace(flat_model, federation, theta0)
     center, precision = surrogate_module.laplace_of_product(flat_model, fits, theta0)
-    return curvature(center, precision)
+    return curvature(center, precision, fits)
 
 
 def client_laplace(context, theta0):
@@ -107,7 +119,7 @@ def combine_client_laplace(flat_model, replies, theta0) -> Curvature:
         shift=device_array(np.stack([np.asarray(b) for _, b in replies])))
     center, precision = surrogate_module.laplace_of_product(
         flat_model, fits, device_array(np.asarray(theta0)))
-    return curvature(center, precision)
+    return curvature(center, precision, fits)
 
 
 def relaxation_time(step_size: float, fit: Curvature) -> float:
@@ -129,9 +141,9 @@ def initial_offset(theta0, fit: Curvature) -> Optional[float]:
     return offset if math.isfinite(offset) else None
 
 
-def wants_fit(thin, burn_in) -> bool:
-    """Whether the run needs the Laplace fit: an ``"auto"`` run length."""
-    return run_length.is_auto(thin) or run_length.is_auto(burn_in)
+def wants_fit(thin, burn_in, step_size=None) -> bool:
+    """Whether the run needs the Laplace fit: an ``"auto"`` run length or step size."""
+    return any(run_length.is_auto(value) for value in (thin, burn_in, step_size))
 
 
 def resolve_run(name: str, request: Optional[run_length.RunRequest], thin, burn_in,
@@ -182,3 +194,181 @@ def consensus_run(thin, burn_in, num_warmup,
 def fit_floats(dim: int, diagonal: bool) -> int:
     """Floats one client sends for its Laplace fit: P_s (d^2, or d diagonal) and b_s (d)."""
     return (dim if diagonal else dim * dim) + dim
+
+
+# ----------------------------------------------------------------------------- step_size="auto"
+
+#: the bound on the discretisation and minibatch-noise ratios of ``step_size="auto"``; the
+#: Langevin family's ``fedmcmc.langevin.step_size.DEFAULT_TOLERANCE`` (the families import
+#: nothing of each other; a test checks the two agree)
+DEFAULT_TOLERANCE = 0.05
+#: the stability ceiling of the budget rule: ``(h/4) lambda_max = 0.5``, h lambda_max = 2
+STABILITY_DISCRETISATION_RATIO = 0.5
+
+
+class StepPrediction(NamedTuple):
+    """What a step size h implies for FA-LD / QLSD near the posterior's mode (module
+    docstring of :func:`noise_covariance`)."""
+
+    step_size: float
+    discretisation_ratio: float  # (h/4) lambda_max(P)
+    minibatch_noise_ratio: float  # (h/4) lambda_max(C)
+    local_discretisation_ratio: Optional[float]  # FA-LD, local_steps > 1: (h/4) max_s lambda_max(A_s)
+
+    def info(self) -> dict:
+        out = {"step_size": float(self.step_size),
+               "discretisation_ratio": float(self.discretisation_ratio),
+               "minibatch_noise_ratio": float(self.minibatch_noise_ratio)}
+        if self.local_discretisation_ratio is not None:
+            out["local_discretisation_ratio"] = float(self.local_discretisation_ratio)
+        return out
+
+
+def noise_covariance(flat_model, fit: Curvature, sizes, weights, batch_size: int, *,
+                     clients_per_round: Optional[int] = None, local_steps: int = 1,
+                     quantiser_variance: float = 0.0) -> np.ndarray:
+    """The predicted covariance C of the gradient noise of one iteration's direction
+    (the sum the server steps with, ``v`` in ``theta + (h/2) v + N(0, h I)``), near the
+    Laplace fit's centre m, from the clients' fits alone (no further message):
+
+    * minibatch noise, by the information identity: client s's estimator
+      ``(n_s / m) sum_j grad log p(x_j | theta)`` (m rows with replacement) has covariance
+      ``(n_s^2 / m) Var_row`` and the rows' score outer products average to the observed
+      information per row, ``P_s / n_s``: ``C_s <= (n_s / m) P_s`` for ``n_s > m``, 0 for a
+      client that uses all its rows. FA-LD's average and QLSD's sum both carry sum_s C_s.
+      (An upper bound for the variance-reduced variants, whose control variates remove most
+      of it.)
+    * FA-LD with partial participation: K clients drawn with probabilities f_s, client s's
+      direction g_s = grad log p + (1/f_s) grad log p(x_s | .), at m
+      ``grad log p(m) + (b_s - P_s m) / f_s``; the draw adds ``(1/K) sum_s f_s g_s g_s^T``,
+      held for ``local_steps`` iterations (counted that many times, conservatively);
+    * QLSD's quantiser, ``E||C(v) - v||^2 <= omega ||v||^2`` per client
+      (``quantiser_variance`` = omega): at most ``omega sum_s (||H_s(m)||^2 + tr C_s)`` in
+      any direction, H_s(m) = f_s grad log p(m) + b_s - P_s m.
+    """
+    if fit.client_precisions is None:
+        raise ValueError("noise_covariance needs the clients' Laplace fits")
+    sizes = np.asarray(sizes, np.float64)
+    weights = np.asarray(weights, np.float64)
+    dim = fit.center.shape[0]
+    precisions = fit.client_precisions
+    if precisions.ndim == 2:  # diagonal fits
+        precisions = np.stack([np.diag(p) for p in precisions])
+    factor = np.where(sizes > batch_size, sizes / float(batch_size), 0.0)
+    covariance = np.einsum("s,sij->ij", factor, precisions)
+    prior_gradient = np.asarray(flat_model.grad_log_prior(
+        device_array(fit.center.astype(np.dtype(flat_model.dtype)))), np.float64)
+    likelihood_at_center = fit.client_shifts - np.einsum("sij,j->si", precisions, fit.center)
+    if clients_per_round is not None:
+        directions = prior_gradient[None, :] + likelihood_at_center / weights[:, None]
+        between = np.einsum("s,si,sj->ij", weights, directions, directions)
+        covariance = covariance + local_steps * between / float(clients_per_round)
+    if quantiser_variance > 0:
+        sent = weights[:, None] * prior_gradient[None, :] + likelihood_at_center
+        traces = factor * np.einsum("sii->s", precisions)
+        bound = quantiser_variance * float(np.sum(np.sum(sent ** 2, axis=1) + traces))
+        covariance = covariance + bound * np.eye(dim)
+    return 0.5 * (covariance + covariance.T)
+
+
+def local_curvature(fit: Curvature, weights, prior_precision) -> float:
+    """FA-LD's stiffest local chain: max_s lambda_max(A_s), A_s = P_prior + P_s / f_s the
+    curvature of client s's local direction (``prior_precision``: minus the prior's Hessian
+    at the centre, (d, d))."""
+    precisions = fit.client_precisions
+    if precisions.ndim == 2:
+        precisions = np.stack([np.diag(p) for p in precisions])
+    weights = np.asarray(weights, np.float64)
+    local = precisions / weights[:, None, None] + np.asarray(prior_precision)[None]
+    return float(max(_extreme_eigenvalues(a)[1] for a in local))
+
+
+def predict(step_size: float, fit: Curvature, covariance, local: Optional[float] = None
+            ) -> StepPrediction:
+    """The ratios of ``step_size`` (:class:`StepPrediction`)."""
+    h = float(step_size)
+    _, noise = _extreme_eigenvalues(covariance)
+    return StepPrediction(h, h * fit.lambda_max / 4.0, h * max(noise, 0.0) / 4.0,
+                          None if local is None else h * local / 4.0)
+
+
+def choose_step_size(name: str, fit: Curvature, covariance, tolerance: float,
+                     request: Optional[run_length.RunRequest], theta0, info: dict,
+                     local: Optional[float] = None) -> float:
+    """``step_size="auto"``: the largest h whose discretisation ratio ``(h/4) lambda_max(P)``
+    and minibatch-noise ratio ``(h/4) lambda_max(C)`` are at most ``tolerance`` (the
+    Langevin family's rule), then the budget rule (:func:`fedmcmc.run_length.budget_step_size`:
+    raised only when the run cannot afford the relaxation time 2 / (h lambda_min), never past
+    a predicted variance inflation of :data:`fedmcmc.run_length.BUDGET_TOLERANCE` unless
+    ``max_iterations`` would not make one relaxation time, never past the stability ceiling
+    ``h lambda_max = 2``, for FA-LD with ``local_steps > 1`` also ``h max_s lambda_max(A_s) = 2``,
+    ``local`` being that largest local curvature). Records ``step_size``, ``step_size_exact``,
+    ``step_size_budget_reason``, the ratios and ``predicted_variance_inflation`` in ``info``
+    and warns :class:`~fedmcmc.run_length.RunLengthWarning` when the budget raised h."""
+    _, noise = _extreme_eigenvalues(covariance)
+    scale = max(fit.lambda_max, noise, np.finfo(np.float64).tiny)
+    if not math.isfinite(scale) or not fit.lambda_min > 0:
+        raise ValueError(
+            f"step_size='auto': {name}'s Laplace fit of the posterior is not usable (curvature "
+            f"from {fit.lambda_min:.3g} to {fit.lambda_max:.3g}, gradient noise {noise:.3g}); "
+            "give step_size a number")
+    exact = 4.0 * tolerance / scale
+    stiffest = max(fit.lambda_max, local or 0.0)
+    stability = 4.0 * STABILITY_DISCRETISATION_RATIO / stiffest
+    exact = min(exact, stability)
+    accuracy = run_length.BUDGET_TOLERANCE / ((max(noise, 0.0) + fit.lambda_max) / 4.0)
+    used, reason = run_length.budget_step_size(
+        exact, lambda h: relaxation_time(h, fit), request, accuracy_ceiling=accuracy,
+        stability_ceiling=stability, initial_offset=initial_offset(theta0, fit))
+    choice = predict(used, fit, covariance, local)
+    inflation = choice.discretisation_ratio + choice.minibatch_noise_ratio
+    info.update(choice.info(), step_size_auto=True, step_size_tolerance=float(tolerance),
+                step_size_exact=float(exact), step_size_budget_reason=reason,
+                predicted_variance_inflation=float(inflation))
+    if reason is not None:
+        warnings.warn(
+            f"{name}: step_size='auto' meets the tolerance {tolerance:g} with h={exact:.3g}, "
+            f"but {reason}; h={used:.3g} is used instead, with a predicted variance inflation "
+            f"of {inflation:.3g} and {relaxation_time(used, fit):.3g} iterations per "
+            f"relaxation time. Raise max_iterations (fm.sample) to keep h={exact:.3g}",
+            run_length.RunLengthWarning, stacklevel=user_stacklevel())
+    return float(used)
+
+
+def prior_precision(flat_model, center) -> np.ndarray:
+    """Minus the log prior's Hessian at ``center``, (d, d)."""
+    import jax
+
+    point = device_array(np.asarray(center).astype(np.dtype(flat_model.dtype)))
+    return -np.asarray(jax.hessian(flat_model.log_prior)(point), np.float64)
+
+
+def resolve(name: str, *, step_size, tolerance: float, fit: Optional[Curvature], flat_model,
+            sizes, weights, batch_size: int, request, thin, burn_in, num_samples: int,
+            chains: int, theta0, info: dict, clients_per_round: Optional[int] = None,
+            local_steps: int = 1, quantiser_variance: float = 0.0) -> tuple:
+    """``(h, thin, burn_in)`` of an FA-LD / QLSD run, every ``"auto"`` resolved from the
+    Laplace ``fit`` (None when nothing is ``"auto"``) and recorded in ``info``:
+    ``step_size="auto"`` first (:func:`choose_step_size`, with the noise of
+    :func:`noise_covariance`), then the run lengths from its relaxation time
+    (:func:`resolve_run`). A given h is kept, and its ratios recorded when the fit was made."""
+    if request is None and wants_fit(thin, burn_in, step_size):
+        request = run_length.RunRequest(num_samples=num_samples, burn_in=burn_in, thin=thin,
+                                        chains=chains)
+    h = step_size
+    if fit is not None:
+        covariance = noise_covariance(flat_model, fit, sizes, weights, batch_size,
+                                      clients_per_round=clients_per_round,
+                                      local_steps=local_steps,
+                                      quantiser_variance=quantiser_variance)
+        local = None
+        if local_steps > 1:
+            local = local_curvature(fit, weights, prior_precision(flat_model, fit.center))
+        if run_length.is_auto(step_size):
+            h = choose_step_size(name, fit, covariance, tolerance, request, theta0, info, local)
+        else:
+            info.update({key: value for key, value in predict(h, fit, covariance, local)
+                         .info().items() if key != "step_size"})
+    thin, burn_in = resolve_run(name, request, thin, burn_in, num_samples, chains, h, fit,
+                                theta0, info)
+    return float(h), thin, burn_in
