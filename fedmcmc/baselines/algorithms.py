@@ -279,7 +279,7 @@ class FALD(_Baseline):
             request=request, thin=thin, burn_in=burn_in, num_samples=num_samples,
             chains=chains, theta0=theta0, info=info,
             clients_per_round=self.clients_per_round(len(sizes)),
-            local_steps=self.local_steps)
+            local_steps=self.local_steps, client_drift=not self.variance_reduction)
 
     def settings_info(self, num_clients: int, step_size=None) -> dict:
         """The hyper-parameters as ``Result.info`` reports them (every engine); ``step_size``:

@@ -55,7 +55,8 @@ from ..model import Model
 
 __all__ = ["Curvature", "curvature", "in_process_laplace", "client_laplace",
            "combine_client_laplace", "relaxation_time", "initial_offset", "wants_fit", "resolve_run",
-           "consensus_run", "fit_floats"]
+           "consensus_run", "fit_floats", "ClientDriftWarning", "drift_bias",
+           "DRIFT_BIAS_WARNING"]
 
 
 class Curvature(NamedTuple):
@@ -343,15 +344,67 @@ def prior_precision(flat_model, center) -> np.ndarray:
     return -np.asarray(jax.hessian(flat_model.log_prior)(point), np.float64)
 
 
+#: FA-LD's predicted client-drift bias (posterior sds) above which the set-up warns
+DRIFT_BIAS_WARNING = 0.1
+
+
+class ClientDriftWarning(UserWarning):
+    """FA-LD's local steps on heterogeneous clients are predicted to bias the chain's mean
+    by more than :data:`DRIFT_BIAS_WARNING` posterior sds (no run length fixes it)."""
+
+
+def drift_bias(flat_model, fit: Curvature, weights, step_size: float, local_steps: int
+               ) -> float:
+    """FA-LD's heterogeneity bias (Plassier et al.) predicted on the clients' Laplace fits,
+    in posterior sds (the largest over coordinates).
+
+    Client s's local direction is, on its fit, linear: g_s(theta) = c_s - A_s theta with
+    A_s = P_0 + P_s / f_s and c_s = grad log p(m) + P_0 m + b_s / f_s (P_0: minus the
+    prior's Hessian at the centre m). A round of L local steps from theta moves its mean to
+    M_s theta + (I - M_s) A_s^-1 c_s, M_s = (I - h A_s / 2)^L, and the average's mean has
+    the fixed point theta_L = (I - sum_s f_s M_s)^-1 sum_s f_s (I - M_s) A_s^-1 c_s, whereas
+    the posterior's is theta_1 = P^-1 sum_s f_s c_s (L = 1 gives it exactly)."""
+    precisions = fit.client_precisions
+    if precisions.ndim == 2:
+        precisions = np.stack([np.diag(p) for p in precisions])
+    weights = np.asarray(weights, np.float64)
+    dim = fit.center.shape[0]
+    prior = prior_precision(flat_model, fit.center)
+    prior_gradient = np.asarray(flat_model.grad_log_prior(
+        device_array(fit.center.astype(np.dtype(flat_model.dtype)))), np.float64)
+    identity = np.eye(dim)
+    kept = np.zeros((dim, dim))
+    target = np.zeros(dim)
+    total, pulls = np.zeros((dim, dim)), np.zeros(dim)
+    for f, p_s, b_s in zip(weights, precisions, fit.client_shifts):
+        a_s = prior + p_s / f
+        c_s = prior_gradient + prior @ fit.center + b_s / f
+        m_s = np.linalg.matrix_power(identity - 0.5 * step_size * a_s, int(local_steps))
+        kept += f * m_s
+        target += f * (identity - m_s) @ np.linalg.lstsq(a_s, c_s, rcond=None)[0]
+        total += f * a_s
+        pulls += f * c_s
+    biased = np.linalg.lstsq(identity - kept, target, rcond=None)[0]
+    exact = np.linalg.lstsq(total, pulls, rcond=None)[0]
+    covariance = np.linalg.pinv(total, hermitian=True)
+    sd = np.sqrt(np.maximum(np.diag(covariance), np.finfo(np.float64).tiny))
+    bias = float(np.max(np.abs(biased - exact) / sd))
+    return bias if math.isfinite(bias) else math.inf
+
+
 def resolve(name: str, *, step_size, tolerance: float, fit: Optional[Curvature], flat_model,
             sizes, weights, batch_size: int, request, thin, burn_in, num_samples: int,
             chains: int, theta0, info: dict, clients_per_round: Optional[int] = None,
-            local_steps: int = 1, quantiser_variance: float = 0.0) -> tuple:
+            local_steps: int = 1, quantiser_variance: float = 0.0,
+            client_drift: bool = False) -> tuple:
     """``(h, thin, burn_in)`` of an FA-LD / QLSD run, every ``"auto"`` resolved from the
     Laplace ``fit`` (None when nothing is ``"auto"``) and recorded in ``info``:
     ``step_size="auto"`` first (:func:`choose_step_size`, with the noise of
     :func:`noise_covariance`), then the run lengths from its relaxation time
-    (:func:`resolve_run`). A given h is kept, and its ratios recorded when the fit was made."""
+    (:func:`resolve_run`). A given h is kept, and its ratios recorded when the fit was made.
+    ``client_drift`` (FA-LD with ``local_steps > 1``, no control variates): the predicted
+    drift bias at the h used is recorded (``predicted_drift_bias_sd``) and a
+    :class:`ClientDriftWarning` raised above :data:`DRIFT_BIAS_WARNING`."""
     if request is None and wants_fit(thin, burn_in, step_size):
         request = run_length.RunRequest(num_samples=num_samples, burn_in=burn_in, thin=thin,
                                         chains=chains)
@@ -369,6 +422,16 @@ def resolve(name: str, *, step_size, tolerance: float, fit: Optional[Curvature],
         else:
             info.update({key: value for key, value in predict(h, fit, covariance, local)
                          .info().items() if key != "step_size"})
+    if fit is not None and client_drift and local_steps > 1:
+        bias = drift_bias(flat_model, fit, weights, float(h), local_steps)
+        info["predicted_drift_bias_sd"] = bias
+        if bias > DRIFT_BIAS_WARNING:
+            warnings.warn(
+                f"{name}: {local_steps} local steps between averages on these clients are "
+                f"predicted to bias the chain's mean by {bias:.3g} posterior sd (client drift, "
+                f"Plassier et al.; from the clients' Laplace fits at h={float(h):.3g}): no run "
+                "length removes it. Use variance_reduction=True (VR-FALD*), fewer local_steps "
+                "or a smaller step_size", ClientDriftWarning, stacklevel=user_stacklevel())
     thin, burn_in = resolve_run(name, request, thin, burn_in, num_samples, chains, h, fit,
                                 theta0, info)
     return float(h), thin, burn_in
