@@ -21,6 +21,7 @@ ConsensusMC combines the clients' draws after sampling and cannot resume.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -37,6 +38,7 @@ from ..algorithm import (
 )
 from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
+from ..callsite import user_stacklevel
 from ..checkpoint import resume_from, split_run_options
 from ..engines.comm import ClientFailureError
 from ..engines.local import run_chains
@@ -840,7 +842,25 @@ class ConsensusMC(_Baseline):
         result = assemble_result(run, algorithm=self.name, unravel=combine, info=info, dim=dim,
                                  thin=thin, sample_stats={})
         result.info["client_samples"] = unravel_numpy(flat_model, client_draws)
+        self._report_combination_error(result.info, client_draws)
         return result
+
+    def _report_combination_error(self, info, client_draws) -> None:
+        """``info["combination_error_sd"]``: the predicted error of the combined mean from
+        the estimated weights, in posterior sds (the largest coordinate;
+        :func:`fedmcmc.baselines.consensus.combination_error`), and a
+        :class:`~fedmcmc.baselines.consensus.CombinationWarning` above
+        :data:`~fedmcmc.baselines.consensus.COMBINATION_ERROR_WARNING`."""
+        error = float(np.max(consensus.combination_error(client_draws, self.weighting)))
+        info["combination_error_sd"] = error
+        if error > consensus.COMBINATION_ERROR_WARNING:
+            warnings.warn(
+                f"ConsensusMC: the combined mean is predicted to be off by about {error:.2g} "
+                f"posterior sd (up to {3 * error:.2g} at 3 sd) because the weights W_s are "
+                "estimated from each client's draws; R-hat and ESS cannot see it. Raise "
+                "num_samples or chains (the error shrinks as 1/sqrt(draws per client)), or use "
+                "a sampler without a combination step", consensus.CombinationWarning,
+                stacklevel=user_stacklevel())
 
     def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
