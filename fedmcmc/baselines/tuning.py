@@ -27,10 +27,13 @@ client fits its own rows where they are (:func:`client_laplace`: d^2 + d floats 
 server combines them. The chains' initial offset (``burn_in="auto"``) is measured along the
 same fit, ``sqrt((theta0 - m)^T P (theta0 - m))`` with ``m`` its centre.
 
-What the rule does not see: FA-LD's client drift between averages (many local steps on
-heterogeneous clients bias the chain, not slow it) and minibatch or quantisation noise
-(they inflate the variance a little, not the relaxation). The Laplace fit is made only when
-an ``"auto"`` run length is asked for, so runs with given lengths are unchanged.
+Minibatch and quantisation noise inflate the variance a little, not the relaxation: they
+enter ``step_size="auto"`` (:func:`choose_step_size`, :func:`noise_covariance`), not R.
+FA-LD's client drift between averages (many local steps on heterogeneous clients) biases
+the chain, not slows it: :func:`drift_bias` predicts it from the same fits and
+:func:`resolve` reports it (``info["predicted_drift_bias_sd"]``, :class:`ClientDriftWarning`).
+The Laplace fit is made only when something is ``"auto"``, so runs with given numbers are
+unchanged.
 
 ConsensusMC (NUTS on each subposterior, one combination): its draws are nearly independent
 NUTS draws, so ``thin="auto"`` is 1 transition per draw; ``burn_in="auto"`` is its NUTS
