@@ -21,6 +21,7 @@ ConsensusMC combines the clients' draws after sampling and cannot resume.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -37,6 +38,7 @@ from ..algorithm import (
 )
 from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
+from ..callsite import user_stacklevel
 from ..checkpoint import resume_from, split_run_options
 from ..engines.comm import ClientFailureError
 from ..engines.local import run_chains
@@ -44,7 +46,7 @@ from ..engines.options import check_engine_options
 from ..engines.ray_engine import ray_transports
 from ..engines.ray_security import record_ray_authentication
 from ..results import assemble_result, divergence_details, diverged_error
-from . import consensus, distributed, fald, qlsd
+from . import consensus, distributed, fald, qlsd, tuning
 from .common import client_likelihood_gradients, global_mode, unravel_numpy
 
 __all__ = ["FALD", "QLSD", "ConsensusMC"]
@@ -59,12 +61,22 @@ def _layout(model, federation, init):
 
 class _Baseline(Algorithm):
     """What the three baselines share: ``engine="local"`` runs their ``sample_local``,
-    ``engine="ray"`` their ``sample_distributed`` with one Ray actor per client."""
+    ``engine="ray"`` their ``sample_distributed`` with one Ray actor per client.
+
+    ``thin`` and ``burn_in`` may be ``"auto"`` on both engines (``supports_run_request``:
+    ``fm.sample`` passes its :class:`fedmcmc.run_length.RunRequest` as the ``run_request``
+    option): FA-LD and QLSD resolve them from the relaxation time 2 / (h lambda_min) of the
+    posterior's Laplace fit, ConsensusMC to one NUTS transition per draw and its warm-up
+    default (:mod:`fedmcmc.baselines.tuning`). The values used are in ``info["thin"]`` and
+    ``info["burn_in"]``."""
+
+    supports_run_request: bool = True
 
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
+        request = options.pop("run_request", None)  # before the run options are checked
         run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                   chains=chains, seed=seed, progress=progress)
+                   chains=chains, seed=seed, progress=progress, run_request=request)
         if engine != "ray":
             return self.sample_local(model, federation, **run, **options)
         self.check_run(model.flatten(init).dim, chains, num_samples)
@@ -109,6 +121,22 @@ def _bytes(floats: int, dtype) -> int:
 
 def _check_batch_size(value: Any) -> int:
     return check_positive_int(value, "batch_size")
+
+
+def _check_step_size(value: Any):
+    """h > 0 or ``"auto"`` (:mod:`fedmcmc.baselines.tuning`)."""
+    if isinstance(value, str):
+        if value == "auto":
+            return value
+        raise ValueError(f"step_size must be a positive number or 'auto', got {value!r}")
+    return check_positive_float(value, "step_size")
+
+
+def _check_tolerance(value: Any) -> float:
+    number = check_positive_float(value, "step_size_tolerance")
+    if number >= 1.0:
+        raise ValueError(f"step_size_tolerance must be in (0, 1), got {value!r}")
+    return number
 
 
 def _stack(state, chains: int):
@@ -170,7 +198,13 @@ class FALD(_Baseline):
     Parameters
     ----------
     step_size:
-        h > 0.
+        h > 0, or ``"auto"``: the largest h whose discretisation ratio (h/4) lambda_max(P)
+        and predicted minibatch-noise ratio stay within ``step_size_tolerance`` (P the
+        posterior's Laplace precision from the clients' own fits), within the stability
+        limit of the stiffest client's local chain, and raised only when the run cannot
+        afford its relaxation time (the budget rule); ``info`` says what was chosen and why
+        (:func:`fedmcmc.baselines.tuning.choose_step_size`). The prediction does not see
+        the client drift of many local steps (a bias; VR-FALD* removes it).
     batch_size:
         Minibatch size m per client and local step, an upper bound: a client with at most
         m rows uses all of them (its exact gradient); the estimate is scaled by n_s / m.
@@ -194,6 +228,12 @@ class FALD(_Baseline):
         L-BFGS iteration limit of that search.
     noise:
         Inject the Langevin noise (False: federated averaging of gradient ascent).
+    step_size_tolerance:
+        The bound of ``step_size="auto"`` on both ratios (default 0.05, the Langevin
+        family's).
+
+    ``thin="auto"`` / ``burn_in="auto"`` (``fm.sample``): from the relaxation time
+    2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
     engines = ("local", "ray")
@@ -202,8 +242,9 @@ class FALD(_Baseline):
 
     def __init__(self, step_size, batch_size, local_steps, participation=1.0,
                  variance_reduction=False, *, reference_point=None, mode_max_iterations=500,
-                 noise=True):
-        self.step_size = check_positive_float(step_size, "step_size")
+                 noise=True, step_size_tolerance=tuning.DEFAULT_TOLERANCE):
+        self.step_size = _check_step_size(step_size)
+        self.step_size_tolerance = _check_tolerance(step_size_tolerance)
         self.batch_size = _check_batch_size(batch_size)
         self.local_steps = check_positive_int(local_steps, "local_steps")
         self.participation = _check_unit_fraction(participation, "participation")
@@ -225,15 +266,29 @@ class FALD(_Baseline):
             return None
         return max(1, math.ceil(self.participation * num_clients - 1e-9))
 
-    def _kernel(self, flat_model, data, weights, clients_per_round, control_variates):
+    def _kernel(self, flat_model, data, weights, clients_per_round, control_variates,
+                step_size):
         return fald.build_kernel(flat_model, data, weights, self.batch_size, self.local_steps,
-                                 self.step_size, clients_per_round, control_variates, self.noise)
+                                 step_size, clients_per_round, control_variates, self.noise)
 
-    def settings_info(self, num_clients: int) -> dict:
-        """The hyper-parameters as ``Result.info`` reports them (every engine)."""
+    def resolve_settings(self, flat_model, fit, sizes, weights, request, *, thin, burn_in,
+                         num_samples, chains, theta0, info) -> tuple:
+        """``(h, thin, burn_in)`` with every ``"auto"`` resolved from the Laplace ``fit``
+        (:func:`fedmcmc.baselines.tuning.resolve`), the same on every engine."""
+        return tuning.resolve(
+            self.name, step_size=self.step_size, tolerance=self.step_size_tolerance, fit=fit,
+            flat_model=flat_model, sizes=sizes, weights=weights, batch_size=self.batch_size,
+            request=request, thin=thin, burn_in=burn_in, num_samples=num_samples,
+            chains=chains, theta0=theta0, info=info,
+            clients_per_round=self.clients_per_round(len(sizes)),
+            local_steps=self.local_steps, client_drift=not self.variance_reduction)
+
+    def settings_info(self, num_clients: int, step_size=None) -> dict:
+        """The hyper-parameters as ``Result.info`` reports them (every engine); ``step_size``:
+        the h used (default: the one given)."""
         k = self.clients_per_round(num_clients)
         return {
-            "step_size": self.step_size,
+            "step_size": self.step_size if step_size is None else step_size,
             "batch_size": self.batch_size,
             "local_steps": self.local_steps,
             "participation": self.participation,
@@ -243,7 +298,7 @@ class FALD(_Baseline):
         }
 
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
-                     seed, progress, **options):
+                     seed, progress, run_request=None, **options):
         """The run on the in-process engine (every client of every chain in one program)."""
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
@@ -252,6 +307,16 @@ class FALD(_Baseline):
         info = {"chains": chains, **self.settings_info(num_clients)}  # one state per chain
         control = None
         setup_rounds, setup_floats = 0, 0
+        fit = None
+        if tuning.wants_fit(thin, burn_in, self.step_size):
+            # the clients' Laplace fits: theta0 down, (P_s, b_s) up (one round)
+            fit = tuning.in_process_laplace(flat_model, federation, theta0)
+            setup_rounds, setup_floats = 1, num_clients * (
+                dim + tuning.fit_floats(dim, fit.precision.ndim == 1))
+        step_size, thin, burn_in = self.resolve_settings(
+            flat_model, fit, np.asarray(federation.sizes), np.asarray(federation.weights),
+            run_request, thin=thin, burn_in=burn_in, num_samples=num_samples, chains=chains,
+            theta0=theta0, info=info)
         if self.variance_reduction:
             theta_star, found = _reference_point(flat_model, data, theta0, self.reference_point,
                                                  self.mode_max_iterations)
@@ -260,12 +325,12 @@ class FALD(_Baseline):
             control = fald.ControlVariates(theta_star, gradient_star)
             # theta* is broadcast and every client returns its gradient at it (one round),
             # plus the rounds of the mode search (theta down, value and gradient up)
-            setup_rounds = 1 + found.evaluations
-            setup_floats = (2 * dim * num_clients
-                            + found.evaluations * num_clients * (2 * dim + 1))
+            setup_rounds += 1 + found.evaluations
+            setup_floats += (2 * dim * num_clients
+                             + found.evaluations * num_clients * (2 * dim + 1))
             info.update(reference_point=found.source, mode_iterations=found.iterations,
                         reference_gradient_norm=float(jnp.linalg.norm(gradient_star)))
-        step = self._kernel(flat_model, data, weights, k, control)
+        step = self._kernel(flat_model, data, weights, k, control, step_size)
 
         local_steps = self.local_steps
 
@@ -313,16 +378,18 @@ class FALD(_Baseline):
         return result
 
     def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
-                           init, num_samples, burn_in, thin, chains, seed, progress):
+                           init, num_samples, burn_in, thin, chains, seed, progress,
+                           run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds
         (:func:`fedmcmc.baselines.distributed.sample_fald`; ``options``: checked engine
         options, :func:`fedmcmc.engines.options.check_engine_options`). The draws are
-        ``engine="local"``'s; ``info`` counts the transport's real messages."""
+        ``engine="local"``'s; ``info`` counts the transport's real messages. ``"auto"`` run
+        lengths: from the clients' own Laplace fits."""
         out = distributed.sample_fald(self, model, federation, make_transport, engine_label,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
-                                      progress=progress)
-        result = self._result(out.run, model.flatten(init), out.info, thin)
+                                      progress=progress, run_request=run_request)
+        result = self._result(out.run, model.flatten(init), out.info, out.info["thin"])
         if out.run.failure is not None:
             raise _client_failure(self, engine_label, out.run, result)
         return result
@@ -351,7 +418,12 @@ class QLSD(_Baseline):
     Parameters
     ----------
     step_size:
-        h > 0.
+        h > 0, or ``"auto"``: the largest h whose discretisation ratio (h/4) lambda_max(P)
+        and predicted ratio of minibatch and quantisation noise to the injected noise stay
+        within ``step_size_tolerance`` (P the posterior's Laplace precision from the clients'
+        own fits), raised only when the run cannot afford its relaxation time (the budget
+        rule); ``info`` says what was chosen and why
+        (:func:`fedmcmc.baselines.tuning.choose_step_size`).
     batch_size:
         Minibatch size m per client and iteration (upper bound: a client with at most m
         rows uses all of them, its exact gradient; the estimate is scaled by n_s / m).
@@ -370,6 +442,12 @@ class QLSD(_Baseline):
         1 / (1 + omega), omega = min(d / s^2, sqrt(d) / s) the quantiser's variance bound.
     noise:
         Inject the Langevin noise.
+    step_size_tolerance:
+        The bound of ``step_size="auto"`` on both ratios (default 0.05, the Langevin
+        family's).
+
+    ``thin="auto"`` / ``burn_in="auto"`` (``fm.sample``): from the relaxation time
+    2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
     engines = ("local", "ray")
@@ -377,8 +455,10 @@ class QLSD(_Baseline):
     supports_resume: bool = True
 
     def __init__(self, step_size, batch_size, bits=8, variance_reduction=False, *,
-                 reference_every=None, memory_rate=None, noise=True):
-        self.step_size = check_positive_float(step_size, "step_size")
+                 reference_every=None, memory_rate=None, noise=True,
+                 step_size_tolerance=tuning.DEFAULT_TOLERANCE):
+        self.step_size = _check_step_size(step_size)
+        self.step_size_tolerance = _check_tolerance(step_size_tolerance)
         self.batch_size = _check_batch_size(batch_size)
         if bits is not None:
             if (isinstance(bits, bool) or not isinstance(bits, (int, np.integer))
@@ -410,17 +490,31 @@ class QLSD(_Baseline):
             1.0 + qlsd.variance_bound(levels, dim))
         return levels, every, rate
 
-    def _kernel(self, flat_model, data, weights, levels, every, rate):
+    def _kernel(self, flat_model, data, weights, levels, every, rate, step_size):
         if self.variance_reduction:
             return qlsd.build_kernel_plus_plus(flat_model, data, weights, self.batch_size,
-                                               self.step_size, levels, every, rate, self.noise)
-        return qlsd.build_kernel(flat_model, data, weights, self.batch_size, self.step_size,
+                                               step_size, levels, every, rate, self.noise)
+        return qlsd.build_kernel(flat_model, data, weights, self.batch_size, step_size,
                                  levels, self.noise)
 
-    def settings_info(self, num_clients: int, levels, every, rate) -> dict:
-        """The hyper-parameters as ``Result.info`` reports them (every engine)."""
+    def resolve_settings(self, flat_model, fit, sizes, weights, request, *, thin, burn_in,
+                         num_samples, chains, theta0, info) -> tuple:
+        """``(h, thin, burn_in)`` with every ``"auto"`` resolved from the Laplace ``fit``
+        (:func:`fedmcmc.baselines.tuning.resolve`; the quantiser's variance bound omega in
+        the noise), the same on every engine."""
+        levels = qlsd.levels_for_bits(self.bits)
+        omega = 0.0 if levels is None else qlsd.variance_bound(levels, flat_model.dim)
+        return tuning.resolve(
+            self.name, step_size=self.step_size, tolerance=self.step_size_tolerance, fit=fit,
+            flat_model=flat_model, sizes=sizes, weights=weights, batch_size=self.batch_size,
+            request=request, thin=thin, burn_in=burn_in, num_samples=num_samples,
+            chains=chains, theta0=theta0, info=info, quantiser_variance=omega)
+
+    def settings_info(self, num_clients: int, levels, every, rate, step_size=None) -> dict:
+        """The hyper-parameters as ``Result.info`` reports them (every engine); ``step_size``:
+        the h used (default: the one given)."""
         info = {
-            "step_size": self.step_size,
+            "step_size": self.step_size if step_size is None else step_size,
             "batch_size": self.batch_size,
             "bits": self.bits if self.bits is not None else "none",
             "quantization_levels": levels if levels is not None else "none",
@@ -433,13 +527,22 @@ class QLSD(_Baseline):
         return info
 
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
-                     seed, progress, **options):
+                     seed, progress, run_request=None, **options):
         """The run on the in-process engine (every client of every chain in one program)."""
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
+        resolved = {}
+        fit = None
+        if tuning.wants_fit(thin, burn_in, self.step_size):
+            # the clients' Laplace fits: theta0 down, (P_s, b_s) up (one round)
+            fit = tuning.in_process_laplace(flat_model, federation, theta0)
+        step_size, thin, burn_in = self.resolve_settings(
+            flat_model, fit, np.asarray(federation.sizes), np.asarray(federation.weights),
+            run_request, thin=thin, burn_in=burn_in, num_samples=num_samples, chains=chains,
+            theta0=theta0, info=resolved)
         levels, every, rate = self.quantisation_settings(federation, dim)
-        step = self._kernel(flat_model, data, weights, levels, every, rate)
+        step = self._kernel(flat_model, data, weights, levels, every, rate, step_size)
         variance_reduction = self.variance_reduction
 
         def initial_states(theta):
@@ -476,11 +579,17 @@ class QLSD(_Baseline):
         bits_per_vector = 32 * dim if levels is None else 32 + self.bits * dim
         # every iteration: theta down to each client (d float32), one quantised vector up
         bits = chains * iterations * num_clients * (32 * dim + bits_per_vector)
+        setup_rounds = 0
+        if fit is not None:  # the Laplace round: theta0 down, (P_s, b_s) up, float32
+            setup_rounds = 1
+            bits += 32 * num_clients * (dim + tuning.fit_floats(dim, fit.precision.ndim == 1))
         info = {
             "chains": chains,  # the engine ran them as one state
-            **self.settings_info(num_clients, levels, every, rate),
-            "rounds": iterations,
-            "messages": int(2 * chains * iterations * num_clients),
+            **self.settings_info(num_clients, levels, every, rate, step_size),
+            **resolved,
+            "rounds": iterations + setup_rounds,
+            "messages": int(2 * chains * iterations * num_clients
+                            + 2 * num_clients * setup_rounds),
             "bits_communicated": int(bits),
             "floats_communicated": int(bits // 32),
         }
@@ -513,17 +622,19 @@ class QLSD(_Baseline):
         return result
 
     def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
-                           init, num_samples, burn_in, thin, chains, seed, progress):
+                           init, num_samples, burn_in, thin, chains, seed, progress,
+                           run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds
         (:func:`fedmcmc.baselines.distributed.sample_qlsd`; ``options``: checked engine
         options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
-        messages (``bits_communicated`` the quantised code's, as on the in-process engine)."""
+        messages (``bits_communicated`` the quantised code's, as on the in-process engine).
+        ``"auto"`` run lengths: from the clients' own Laplace fits."""
         out = distributed.sample_qlsd(self, model, federation, make_transport, engine_label,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
-                                      progress=progress)
+                                      progress=progress, run_request=run_request)
         out.info["chains"] = chains
-        result = self._result(out.run, model.flatten(init), out.info, thin, chains,
+        result = self._result(out.run, model.flatten(init), out.info, out.info["thin"], chains,
                               np.asarray(out.state.position))
         if out.run.failure is not None:
             raise _client_failure(self, engine_label, out.run, result)
@@ -548,7 +659,10 @@ class ConsensusMC(_Baseline):
     ``(chains, num_samples, S, *leaf_shape)``).
     ``thin``: NUTS transitions per kept draw. ``burn_in``: NUTS warm-up (window
     adaptation of the step size and a diagonal mass matrix) of ``burn_in * thin``
-    transitions, discarded, unless ``num_warmup`` is given.
+    transitions, discarded, unless ``num_warmup`` is given. ``thin="auto"``: 1 (NUTS draws
+    are nearly independent); ``burn_in="auto"``: the warm-up default, ``default_warmup``
+    (200) transitions, or with ``num_warmup`` given no draw discarded after it; the values
+    used are in ``info["thin"]``, ``info["burn_in"]`` and ``info["warmup_steps"]``.
 
     Runs on ``engine="local"`` and on ``engine="ray"`` (one actor per client, its rows loaded
     there; each client sends its draws up chunk by chunk, so that a failure keeps the draws
@@ -624,10 +738,18 @@ class ConsensusMC(_Baseline):
                 raise ValueError(f"{option}: ConsensusMC cannot resume or report draws chunk by "
                                  "chunk (it combines the clients' draws after sampling)")
 
+    def run_lengths(self, thin, burn_in, info: dict):
+        """``(thin, burn_in)`` with ``"auto"`` resolved: one NUTS transition per draw, the
+        warm-up default (:func:`fedmcmc.baselines.tuning.consensus_run`)."""
+        return tuning.consensus_run(thin, burn_in, self.num_warmup,
+                                    self.default_warmup, info)
+
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
-                     seed, progress, **options):
+                     seed, progress, run_request=None, **options):
         """The run on the in-process engine (every chain of every client's NUTS vmapped)."""
         run_options = split_run_options(options, self.name)
+        resolved = {}
+        thin, burn_in = self.run_lengths(thin, burn_in, resolved)
         self.check_engine_run_options(run_options)
         for option in self.REFUSED_RUN_OPTIONS:  # only unset ones are left after the check
             run_options.pop(option, None)
@@ -671,6 +793,7 @@ class ConsensusMC(_Baseline):
         )
         final = run.state
         info = self.settings_info(num_clients, warmup)
+        info.update(resolved)
         info["step_size_per_client"] = np.asarray(final.step_size).mean(axis=0).tolist()
         kept = run.draws.shape[1]
         # one round: init down to every client, every client's kept draws up
@@ -719,19 +842,41 @@ class ConsensusMC(_Baseline):
         result = assemble_result(run, algorithm=self.name, unravel=combine, info=info, dim=dim,
                                  thin=thin, sample_stats={})
         result.info["client_samples"] = unravel_numpy(flat_model, client_draws)
+        self._report_combination_error(result.info, client_draws)
         return result
 
+    def _report_combination_error(self, info, client_draws) -> None:
+        """``info["combination_error_sd"]``: the predicted error of the combined mean from
+        the estimated weights, in posterior sds (the largest coordinate;
+        :func:`fedmcmc.baselines.consensus.combination_error`), and a
+        :class:`~fedmcmc.baselines.consensus.CombinationWarning` above
+        :data:`~fedmcmc.baselines.consensus.COMBINATION_ERROR_WARNING`."""
+        error = float(np.max(consensus.combination_error(client_draws, self.weighting)))
+        info["combination_error_sd"] = error
+        if error > consensus.COMBINATION_ERROR_WARNING:
+            warnings.warn(
+                f"ConsensusMC: the combined mean is predicted to be off by about {error:.2g} "
+                f"posterior sd (up to {3 * error:.2g} at 3 sd) because the weights W_s are "
+                "estimated from each client's draws; R-hat and ESS cannot see it. Raise "
+                "num_samples or chains (the error shrinks as 1/sqrt(draws per client)), or use "
+                "a sampler without a combination step", consensus.CombinationWarning,
+                stacklevel=user_stacklevel())
+
     def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
-                           init, num_samples, burn_in, thin, chains, seed, progress):
+                           init, num_samples, burn_in, thin, chains, seed, progress,
+                           run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds
         (:func:`fedmcmc.baselines.distributed.sample_consensus`; ``options``: checked engine
         options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
         messages (the draws go up chunk by chunk)."""
+        resolved = {}
+        thin, burn_in = self.run_lengths(thin, burn_in, resolved)
         out = distributed.sample_consensus(self, model, federation, make_transport, engine_label,
                                            options, init=init, num_samples=num_samples,
                                            burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                            progress=progress)
         discard = burn_in if self.num_warmup is not None else 0
+        out.info.update(resolved)
         result = self._result(out.run, model.flatten(init), out.info, chains, thin, discard,
                               out.state["divergences"], out.state["acceptance"])
         if out.run.failure is not None:

@@ -45,6 +45,9 @@ from ..federation import PaddedData
 from ..model import FlatModel
 
 __all__ = [
+    "COMBINATION_ERROR_WARNING",
+    "CombinationWarning",
+    "combination_error",
     "SubposteriorStates",
     "subposterior_log_density",
     "build_client_warmup",
@@ -241,3 +244,47 @@ def combine(draws: np.ndarray, weighting: str = "precision") -> tuple:
     weighted = np.einsum("sij,cnsj->cni", weights, draws)
     combined = np.linalg.solve(total, weighted.reshape(-1, dim).T).T.reshape(chains, n, dim)
     return combined, weights
+
+
+#: the predicted error of the combined mean (posterior sds) above which a run warns
+COMBINATION_ERROR_WARNING = 0.05
+
+
+class CombinationWarning(UserWarning):
+    """The consensus combination's mean is predicted to be off by more than
+    :data:`COMBINATION_ERROR_WARNING` posterior sds because its weights W_s are estimated
+    from the clients' draws (invisible to R-hat and ESS)."""
+
+
+def combination_error(draws: np.ndarray, weighting: str = "precision", splits: int = 8,
+                      seed: int = 0) -> np.ndarray:
+    """The sd of the combined mean's error due to the weights W_s estimated from draws, per
+    coordinate and in units of the combined draws' sd (0 for ``"equal"``).
+
+    The combined mean is (sum_s W_s)^-1 sum_s W_s m_s (m_s: client s's mean). Each of
+    ``splits`` random halvings of every client's draws gives two weight estimates from n/2
+    draws each, applied to the same m_s: their combined means differ by e_A - e_B, two
+    independent errors of twice the variance of the n-draw estimate's (it is proportional
+    to 1/n), so the error variance of the n-draw weights is E[(mu_A - mu_B)^2] / 4.
+    ``draws``: (chains, n, S, d)."""
+    draws = np.asarray(draws, dtype=np.float64)
+    chains, n, num_clients, dim = draws.shape
+    if weighting == "equal" or chains * n < 2 * (dim + 2):
+        return np.zeros(dim)
+    per_client = draws.transpose(2, 0, 1, 3).reshape(num_clients, chains * n, dim)
+    means = per_client.mean(axis=1)
+    combined, _ = combine(draws, weighting)
+    sd = np.maximum(combined.reshape(-1, dim).std(axis=0), np.finfo(np.float64).tiny)
+    generator = np.random.default_rng(seed)
+    squared = np.zeros(dim)
+    half = (chains * n) // 2
+    for _ in range(splits):
+        order = generator.permutation(chains * n)
+        centres = []
+        for part in (order[:half], order[half:2 * half]):
+            halves = per_client[:, part][None].transpose(0, 2, 1, 3)  # (1, n/2, S, d)
+            _, weights = combine(halves, weighting)
+            centres.append(np.linalg.solve(weights.sum(axis=0),
+                                           np.einsum("sij,sj->i", weights, means)))
+        squared += (centres[0] - centres[1]) ** 2
+    return np.sqrt(squared / splits / 4.0) / sd

@@ -59,7 +59,7 @@ from ..engines.comm import (call_all, describe_federation, gather, gather_before
 from ..engines.driver import ChainRun, default_chunk_size, draw_by_draw, drive
 from ..engines.options import protocol_run_options
 from ..protocols import ClientContext
-from . import consensus, fald, qlsd
+from . import consensus, fald, qlsd, tuning
 from .common import batch_likelihood_gradients, client_likelihood_gradients, client_rows
 
 __all__ = ["FALDFunctions", "QLSDFunctions", "ConsensusFunctions", "BaselineRun",
@@ -104,7 +104,33 @@ def _own_rows(context: ClientContext, settings: Dict[str, Any]):
     return rows, likelihood
 
 
-class FALDFunctions:
+class _LaplaceOnClient:
+    """``client_laplace``: the client's Laplace fit on its own rows, for ``"auto"`` run
+    lengths (:func:`fedmcmc.baselines.tuning.client_laplace`)."""
+
+    def client_laplace(self, context: ClientContext, theta0):
+        """Its ``(P_s, b_s)`` (d^2 + d floats; d + d above 500 parameters)."""
+        return tuning.client_laplace(context, theta0)
+
+
+def _resolve_on_clients(algorithm, clients, federation, flat, request, init, thin, burn_in,
+                        num_samples, chains, info):
+    """``(h, thin, burn_in, fit)``: ``"auto"`` step size and run lengths from the clients'
+    Laplace fits (one set-up round, asked only when an ``"auto"`` is), resolved by the
+    algorithm's ``resolve_settings`` as in process, recorded in ``info``."""
+    theta0 = np.asarray(flat.ravel(init))
+    fit = None
+    if tuning.wants_fit(thin, burn_in, algorithm.step_size):
+        fit = tuning.combine_client_laplace(flat, clients.setup("laplace", theta0), theta0)
+    h, thin, burn_in = algorithm.resolve_settings(
+        flat, fit, np.asarray(federation.sizes), np.asarray(federation.weights), request,
+        thin=thin, burn_in=burn_in, num_samples=num_samples, chains=chains, theta0=theta0,
+        info=info)
+    info.update(step_size=h, thin=thin, burn_in=burn_in)
+    return h, thin, burn_in, fit
+
+
+class FALDFunctions(_LaplaceOnClient):
     """FA-LD / VR-FALD*'s client-side functions (``client_<name>(context, *args)``), run by
     the engine's generic endpoint in the client's process on its own rows. Stateless (it is
     pickled to every client); a client's chain for every chain of the run lives in its
@@ -175,7 +201,7 @@ class FALDFunctions:
         return np.asarray(store["local"])
 
 
-class QLSDFunctions:
+class QLSDFunctions(_LaplaceOnClient):
     """QLSD / QLSD++'s client-side functions, run by the engine's generic endpoint in the
     client's process on its own rows. QLSD++'s reference point zeta, its exact gradient G_s
     there and its memory eta_s (every chain's) stay in its ``context.store``."""
@@ -428,9 +454,11 @@ def _may_be_smaller(federation, batch_size: int) -> bool:
 
 def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
                 options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
-                progress) -> BaselineRun:
+                progress, run_request=None) -> BaselineRun:
     """FA-LD / VR-FALD* (``algorithm``: a :class:`fedmcmc.FALD`) with one endpoint per client
-    on the transport ``make_transport(specs)`` builds; ``options``: checked engine options."""
+    on the transport ``make_transport(specs)`` builds; ``options``: checked engine options.
+    ``"auto"`` run lengths are resolved from the clients' Laplace fits (``info["thin"]``,
+    ``info["burn_in"]``: the values used)."""
     if algorithm.variance_reduction and algorithm.reference_point is None:
         raise ValueError(
             f"reference_point: VR-FALD* on engine={engine_label!r} needs theta* given (e.g. a "
@@ -442,20 +470,25 @@ def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
         weights = np.asarray(federation.weights)
         f = jnp.asarray(weights, flat.dtype)
         cumulative = jnp.asarray(np.cumsum(np.asarray(weights, np.float64)), jnp.float32)
-        h = jnp.asarray(algorithm.step_size, flat.dtype)
         k = algorithm.clients_per_round(num_clients)
         reference, setup_rounds = None, 0
         info = algorithm.settings_info(num_clients)
+        step_size, thin, burn_in, fit = _resolve_on_clients(
+            algorithm, clients, federation, flat, run_request, init, thin, burn_in,
+            num_samples, chains, info)
+        h = jnp.asarray(step_size, flat.dtype)
+        if fit is not None:
+            setup_rounds += 1
         if algorithm.variance_reduction:
             theta_star = jnp.asarray(flat.ravel(algorithm.reference_point), flat.dtype)
             gradients = clients.setup("gradient", np.asarray(theta_star))
             gradient_star = (flat.grad_log_prior(theta_star)
                              + jnp.asarray(np.stack(gradients)).sum(0))
             reference = (np.asarray(theta_star), np.asarray(gradient_star))
-            setup_rounds = 1
+            setup_rounds += 1
             info.update(reference_point="given", mode_iterations=0,
                         reference_gradient_norm=float(jnp.linalg.norm(gradient_star)))
-        base = dict(batch_size=algorithm.batch_size, step_size=algorithm.step_size,
+        base = dict(batch_size=algorithm.batch_size, step_size=step_size,
                     noise=algorithm.noise, reference=reference, longest=min(thin, L),
                     may_be_smaller=_may_be_smaller(federation, algorithm.batch_size))
         clients.configure(lambda s: dict(base, weight=float(weights[s])))
@@ -526,7 +559,7 @@ class QLSDServer(NamedTuple):
 
 def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
                 options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
-                progress) -> BaselineRun:
+                progress, run_request=None) -> BaselineRun:
     """QLSD / QLSD++ (``algorithm``: a :class:`fedmcmc.QLSD`) with one endpoint per client.
     Like the in-process engine, the chains run as one state (one draw of the driver is a
     ``(chains * d,)`` vector), so a diverged chain stops every chain."""
@@ -535,6 +568,10 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
         flat = model.flatten(init)
         dim, num_clients = flat.dim, federation.num_clients
         weights = np.asarray(federation.weights)
+        resolved: Dict[str, Any] = {}
+        step_size, thin, burn_in, fit = _resolve_on_clients(
+            algorithm, clients, federation, flat, run_request, init, thin, burn_in,
+            num_samples, chains, resolved)
         levels, every, rate = algorithm.quantisation_settings(federation, dim)
         plus_plus = algorithm.variance_reduction
         base = dict(batch_size=algorithm.batch_size, levels=levels, chains=chains,
@@ -542,7 +579,7 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
                     reference_every=every if plus_plus else None, memory_rate=rate)
         clients.configure(lambda s: dict(base, weight=float(weights[s])))
         clients.ready()
-        h = jnp.asarray(algorithm.step_size, flat.dtype)
+        h = jnp.asarray(step_size, flat.dtype)
         alpha = jnp.asarray(rate, flat.dtype)
         noise = algorithm.noise
 
@@ -584,12 +621,16 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
                     draws_per_call=1, divergence_threshold=algorithm.divergence_threshold,
                     progress=progress, label=f"{algorithm.name} ({engine_label})",
                     iterations_per_draw=thin * chains, **run_options)
-        info = algorithm.settings_info(num_clients, levels, every, rate)
+        info = algorithm.settings_info(num_clients, levels, every, rate, step_size)
+        info.update(resolved)
         iterations = run.draws_done * thin
         bits_per_vector = 32 * dim if levels is None else 32 + algorithm.bits * dim
-        info.update(rounds=iterations,
+        info.update(rounds=iterations + (0 if fit is None else 1),
                     bits_communicated=int(chains * iterations * num_clients
-                                          * (32 * dim + bits_per_vector)))
+                                          * (32 * dim + bits_per_vector)
+                                          + (0 if fit is None else 32 * num_clients * (
+                                              dim + tuning.fit_floats(
+                                                  dim, fit.precision.ndim == 1)))))
         info.update(clients.info())
     return BaselineRun(run, info, run.state)
 

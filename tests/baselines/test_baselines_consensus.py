@@ -112,3 +112,36 @@ def test_warmup_steps_default():
     assert fm.ConsensusMC().warmup_steps(burn_in=0, thin=1) == 200
     assert fm.ConsensusMC().warmup_steps(burn_in=50, thin=2) == 100
     assert fm.ConsensusMC(num_warmup=7).warmup_steps(burn_in=50, thin=2) == 7
+
+
+def test_the_predicted_combination_error_is_the_weights_error():
+    """consensus.combination_error: the error of the combined mean caused by weights
+    estimated from draws, predicted by split halves, against its actual size over repeated
+    exact Gaussian client draws (40 heterogeneous clients, 600 draws each)."""
+    from fedmcmc.baselines import consensus
+
+    generator = np.random.default_rng(1)
+    clients, dim = 40, 4
+    covariances, means = [], []
+    for _ in range(clients):
+        factor = generator.normal(size=(dim, dim)) * generator.uniform(0.3, 3.0)
+        covariances.append(factor @ factor.T + 0.1 * np.eye(dim))
+        means.append(3.0 * generator.normal(size=dim))
+    precision = sum(np.linalg.inv(c) for c in covariances)
+    sd = np.sqrt(np.diag(np.linalg.inv(precision)))
+    errors, predicted = [], []
+    for _ in range(12):
+        draws = np.stack([generator.multivariate_normal(m, c, size=(4, 150))
+                          for m, c in zip(means, covariances)], axis=2)
+        sample_means = draws.reshape(-1, clients, dim).mean(axis=0)
+        _, weights = consensus.combine(draws)
+        estimated = np.linalg.solve(weights.sum(0), np.einsum("sij,sj->i", weights, sample_means))
+        exact = np.linalg.solve(precision, sum(np.linalg.solve(c, m) for c, m in
+                                               zip(covariances, sample_means)))
+        errors.append((estimated - exact) / sd)
+        predicted.append(consensus.combination_error(draws))
+    actual = np.sqrt(np.mean(np.square(errors), axis=0))
+    ratio = np.mean(predicted, axis=0) / actual
+    assert np.all((ratio > 0.6) & (ratio < 1.6)), (actual, np.mean(predicted, axis=0))
+    # "equal" weights estimate nothing
+    assert np.all(consensus.combination_error(draws, "equal") == 0)

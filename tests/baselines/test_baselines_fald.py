@@ -255,6 +255,29 @@ def test_vr_fald_star_mean_is_unbiased_where_fald_is_not_quick():
     assert result.info["rounds"] > result.info["iterations"] // 40
 
 
+@pytest.mark.parametrize("local_steps", [1, 10, 40])
+def test_the_predicted_drift_bias_is_the_exact_laws(local_steps):
+    """step_size/thin "auto" predict FA-LD's heterogeneity bias from the clients' Laplace
+    fits (exact here: a linear-Gaussian model): the offset of the round law's mean from the
+    posterior mean, in posterior sds; none with one local step."""
+    from fedmcmc.baselines import tuning
+
+    federation, model = regression_federation(sizes=HETEROGENEOUS_SIZES)
+    _, cov = model.attributes["exact_posterior"](federation)
+    h = 0.2 * np.linalg.eigvalsh(cov).min()
+    init = jnp.zeros(model.attributes["init"]().shape)
+    flat = model.flatten(init)
+    fit = tuning.in_process_laplace(flat, federation, flat.ravel(init))
+    mean, _, posterior_mean, posterior_cov = fald_round_law(federation, model, h, local_steps)
+    expected = np.max(np.abs(mean - posterior_mean) / np.sqrt(np.diag(posterior_cov)))
+    predicted = tuning.drift_bias(flat, fit, federation.weights, h, local_steps)
+    assert predicted == pytest.approx(expected, rel=2e-3, abs=1e-5)
+    if local_steps == 1:
+        assert predicted < 1e-5
+    else:
+        assert predicted > 0.1
+
+
 # ------------------------------------------------------------------ API
 
 
