@@ -92,7 +92,7 @@ def test_the_default_placement_warns_when_actors_far_outnumber_the_cpus(monkeypa
     CPU get none."""
     import warnings
 
-    from fedmcmc.engines import ray_engine
+    from fedmcmc.engines import ray_transport
     from fedmcmc.engines.ray_engine import PlacementWarning, RayTransport, placement_hint
 
     hint = placement_hint(30, 2.0, None, None)
@@ -113,7 +113,7 @@ def test_the_default_placement_warns_when_actors_far_outnumber_the_cpus(monkeypa
         def __init__(self, specs, **kwargs):
             self.kwargs = kwargs
 
-    monkeypatch.setattr(ray_engine, "_import_ray", lambda: _Cluster)
+    monkeypatch.setattr(ray_transport, "_import_ray", lambda: _Cluster)
     specs = [(object, ())] * 30
     with pytest.warns(PlacementWarning, match="clients_per_actor='auto'") as caught:
         made = _Recorded.from_options(specs, {})
@@ -288,7 +288,7 @@ def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, mo
     import signal
     import time
 
-    from fedmcmc.engines import ray_engine
+    from fedmcmc.engines import ray_actors
     from fedmcmc.engines.comm import ClientEndpoint, collect
     from fedmcmc.engines.ray_engine import RayTransport, idle_actors, release_idle_actors
 
@@ -304,7 +304,7 @@ def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, mo
             os._exit(1)
 
     release_idle_actors()
-    monkeypatch.setattr(ray_engine, "UNLOAD_TIMEOUT", 1.0)
+    monkeypatch.setattr(ray_actors, "UNLOAD_TIMEOUT", 1.0)
     source = functools.partial(np.zeros, (2, 1), np.float32)
     specs = [(Probe, (s, source)) for s in range(3)]
 
