@@ -43,7 +43,10 @@ Data come from ``data.path`` (relative to the config file), from the model
 factory, or are generated (``data.generate``: keyword arguments of the zoo's
 ``fedmcmc.models.data_generator(name)``).
 Algorithms are looked up by name on the ``fedmcmc`` namespace at run time, so
-new algorithm classes work without editing this module.
+new algorithm classes work without editing this module; ``algorithms[].name`` may also be
+the import path ``"package.module:Class"`` of an algorithm defined outside the package
+(an :class:`~fedmcmc.algorithm.Algorithm` subclass), labelled ``Class`` in reports unless
+``label`` says otherwise.
 """
 
 from __future__ import annotations
@@ -121,8 +124,10 @@ class PartitionSection(_Strict):
 
 
 class AlgorithmSection(_Strict):
-    name: str = Field(min_length=1, description="class name on the fedmcmc namespace, e.g. FSGLD")
-    label: Optional[str] = Field(default=None, description="unique label in reports (default: name)")
+    name: str = Field(min_length=1, description="class name on the fedmcmc namespace, e.g. "
+                      "FSGLD, or the import path 'package.module:Class' of one's own algorithm")
+    label: Optional[str] = Field(default=None, description="unique label in reports (default: "
+                                 "name, or the class name of an import path)")
     params: Dict[str, Any] = Field(default_factory=dict)
     thin: Optional[Union[PositiveInt, Literal["auto"]]] = Field(
         default=None, description="overrides the top-level thin (an integer or 'auto')")
@@ -135,6 +140,12 @@ class AlgorithmSection(_Strict):
         if value is not None and not all(c.isalnum() or c in "-_." for c in value):
             raise ValueError("label may contain letters, digits, '-', '_' and '.' only")
         return value
+
+    @property
+    def key(self) -> str:
+        """The label in reports and output names: ``label``, else ``name`` (the class name of
+        an import path ``"package.module:Class"``)."""
+        return self.label or self.name.rpartition(":")[2]
 
 
 class ReferenceSection(_Strict):
@@ -189,7 +200,7 @@ class ExperimentConfig(_Strict):
     def _unique_labels(self):
         seen = {}
         for index, algorithm in enumerate(self.algorithms):
-            label = algorithm.label or algorithm.name
+            label = algorithm.key
             if label in seen:
                 raise ValueError(
                     f"algorithms.{index}.label: {label!r} is used by algorithms.{seen[label]} "
@@ -199,7 +210,7 @@ class ExperimentConfig(_Strict):
         return self
 
     def labels(self) -> List[str]:
-        return [a.label or a.name for a in self.algorithms]
+        return [a.key for a in self.algorithms]
 
 
 def _format_validation_error(error: ValidationError) -> str:
@@ -275,7 +286,7 @@ class Experiment:
     def run_hash(self, label: str) -> str:
         """Hash of everything that determines the draws of the run ``label``."""
         config = self.config
-        section = next(a for a in config.algorithms if (a.label or a.name) == label)
+        section = next(a for a in config.algorithms if a.key == label)
         payload = {
             "model": config.model.model_dump(mode="json"),
             "data": config.data.model_dump(mode="json"),
@@ -307,9 +318,23 @@ def _data_digest(federation) -> str:
 
 
 def resolve_algorithm_class(name: str, field: str = "algorithms.name"):
-    """The algorithm class ``name`` on the ``fedmcmc`` namespace; ``ConfigError`` lists what exists."""
+    """The algorithm class ``name``: a class on the ``fedmcmc`` namespace, or the import path
+    ``"package.module:Class"`` of an :class:`~fedmcmc.algorithm.Algorithm` subclass defined
+    outside the package; ``ConfigError`` names ``field`` and lists what exists."""
     import fedmcmc as fm
 
+    if ":" in name:
+        module_name, _, class_name = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as error:  # noqa: BLE001 - ImportError, or an error inside the module
+            raise ConfigError(f"{field}: cannot import {module_name!r} "
+                              f"({type(error).__name__}: {error})") from None
+        cls = getattr(module, class_name, None)
+        if not (inspect.isclass(cls) and issubclass(cls, Algorithm)):
+            raise ConfigError(f"{field}: {module_name!r} has no fedmcmc.algorithm.Algorithm "
+                              f"subclass {class_name!r}")
+        return cls
     available = sorted(
         n for n in dir(fm)
         if inspect.isclass(getattr(fm, n)) and issubclass(getattr(fm, n), Algorithm)
@@ -318,7 +343,8 @@ def resolve_algorithm_class(name: str, field: str = "algorithms.name"):
     cls = getattr(fm, name, None)
     if not (inspect.isclass(cls) and issubclass(cls, Algorithm)):
         raise ConfigError(
-            f"{field}: unknown algorithm {name!r}; available: {', '.join(available)}"
+            f"{field}: unknown algorithm {name!r}; available: {', '.join(available)} "
+            "(or an import path 'package.module:Class')"
         )
     return cls
 
@@ -534,7 +560,7 @@ def build_experiment(config: ExperimentConfig) -> Experiment:
             raise ConfigError(f"algorithms.{index}.params ({section.name}): {error}") from None
         except ValueError as error:
             raise ConfigError(f"algorithms.{index}.params ({section.name}): {error}") from None
-        algorithms.append((section.label or section.name, section, instance))
+        algorithms.append((section.key, section, instance))
 
     file_data = None
     data_source = None
