@@ -41,6 +41,56 @@ def test_the_engines_contract_lists_every_engine_module():
     assert modules - set(contract["source_modules"]) == set()
 
 
+def module_imports():
+    """Every fedmcmc module's imports of other fedmcmc modules, at any depth (an import inside
+    a function counts); ``from . import x`` names the module x. A module's import of a package
+    above it is left out (importing the module runs that package's ``__init__`` first)."""
+    modules = {}
+    for path in (ROOT / "fedmcmc").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if package else parts)] = (path, package)
+    graph = {}
+    for name, (path, package) in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = name.split(".") if package else name.split(".")[:-1]
+                if node.level:
+                    base = base[:len(base) - node.level + 1] + ([node.module] if node.module else [])
+                    target = ".".join(base)
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules
+                              else target)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {m for m in found if m in modules and m != name
+                       and not (modules[m][1] and name.startswith(m + "."))}
+    return graph
+
+
+def test_no_import_cycle_even_through_imports_inside_functions():
+    """A cycle hidden in a function-level import (bench/runner.py <-> bench/workers.py, issue
+    43) is a cycle all the same: the two modules cannot be understood or moved apart."""
+    graph = module_imports()
+    cycles = []
+    for start in sorted(graph):  # a path from start back to start
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph[node]):
+                if nxt == start:
+                    cycles.append(" -> ".join(path + [start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+            if cycles:
+                break
+    assert cycles == []
+
+
 def private_imports():
     found = []
     for path in sorted((ROOT / "fedmcmc").rglob("*.py")):
