@@ -108,6 +108,36 @@ def private_imports():
 LAZY_LIBRARIES = ("networkx", "scipy", "arviz", "matplotlib", "pandas", "ray", "rich")
 
 
+def test_no_private_name_is_reached_through_another_module():
+    """``module._name`` where ``module`` is another fedmcmc module bound by an import
+    (``federated._select_lanes`` was, issue 43): as bad as importing the private name."""
+    found = []
+    for path in sorted((ROOT / "fedmcmc").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        package = parts[:-1]  # the package a relative import starts from
+        bound = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    name = f"{target}.{alias.name}".replace(".", "/")
+                    if target.startswith("fedmcmc") and (
+                            (ROOT / f"{name}.py").exists() or (ROOT / name).is_dir()):
+                        bound.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                bound.update(alias.asname for alias in node.names
+                             if alias.name.startswith("fedmcmc") and alias.asname)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in bound and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} "
+                             f"{node.value.id}.{node.attr}")
+    assert found == []
+
+
 def test_import_fedmcmc_does_not_load_libraries_only_some_functions_need():
     assert modules_loaded_by("import fedmcmc", LAZY_LIBRARIES, timeout=120) == []
 
