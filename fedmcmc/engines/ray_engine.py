@@ -1,4 +1,4 @@
-"""``engine="ray"``: client endpoints in Ray actors (one per client on a cluster).
+"""``engine="ray"``: client endpoints in Ray actors (packed when clients outnumber CPUs).
 
 :func:`ray_session` joins the Ray instance the user started
 (``ray.init(address=...)`` before calling ``fm.sample``, or the option
@@ -43,17 +43,17 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     CPUs reserved per client (default 0: actors share the machine); an actor
     hosting k clients reserves k times this.
 ``clients_per_actor``
-    How many client endpoints one actor hosts. Default ``None``: one actor per
-    client. ``"auto"``: as many actors as the cluster has CPUs
-    (``ray.cluster_resources()["CPU"]``), clients spread over them in contiguous
-    blocks (with ``client_resources``: one per client): on one machine, 30
-    clients in 30 processes each import JAX and compile the same programs while
-    contending for the same cores. An integer k: at most k per actor. With
-    ``client_resources``, only clients whose resource dicts are equal share an
-    actor. ``info["ray_actors"]`` lists the clients of each actor. Left at its
-    default, with more than 4 actors per CPU and no ``client_resources``, the run
-    warns (:class:`PlacementWarning`); ``clients_per_actor=1`` keeps one actor per
-    client without the warning.
+    How many client endpoints one actor hosts. Default (unset, the same as ``"auto"``): as
+    many actors as the cluster has CPUs (``ray.cluster_resources()["CPU"]``), clients spread
+    over them in contiguous blocks, so one actor per client when there are no more clients
+    than CPUs, and clients packed when there are more (on one machine, 30 clients in 30
+    processes would each import JAX and compile the same programs while contending for the
+    same cores); with ``client_resources``, one actor per client. An integer k: at most k per
+    actor (``clients_per_actor=1``: one actor per client). With ``client_resources``, only
+    clients whose resource dicts are equal share an actor. ``info["ray_actors"]`` lists the
+    clients of each actor. Left at its default, with more than 4 actors per CPU (only
+    possible with ``client_resources``), the run warns (:class:`PlacementWarning`);
+    ``clients_per_actor=1`` keeps one actor per client without the warning.
 ``reuse_actors``
     ``True`` (default): on a Ray instance that was running before the run (and so
     outlives it), the run's actors are kept idle at its end, their clients' data
