@@ -98,6 +98,14 @@ Options of ``fm.sample(..., engine="ray", **options)``:
     it anyway; ``info["ray_authentication"]`` then says
     ``"disabled (allowed by user)"``.
 
+The engine's parts, each in its module (this one re-exports their public names):
+:mod:`~fedmcmc.engines.ray_placement` (which clients each actor hosts, the
+:class:`PlacementWarning`), :mod:`~fedmcmc.engines.ray_actors` (the actor's body
+:class:`ClientHost`, the packing of messages, the pool of idle actors; its
+``UNLOAD_TIMEOUT``), :mod:`~fedmcmc.engines.ray_transport` (:class:`RayTransport`),
+:mod:`~fedmcmc.engines.ray_direct` (the transport's direct channels, over
+:mod:`~fedmcmc.engines.channel`) and :mod:`~fedmcmc.engines.ray_security` (the session).
+
 Of the run options (``fedmcmc.checkpoint``), ``chunk_size`` and ``on_draws`` are honoured
 by every family, the draws laid out as on the local engine; ``on_chunk`` is accepted and not
 called, and ``start_draw``/``resume_state`` are refused: a Ray run is not resumed
@@ -110,7 +118,6 @@ import contextlib
 from typing import Any, Callable, Dict, Iterator, Sequence
 
 from .ray_actors import (  # noqa: F401 - re-exported: this module is the engine's public entry
-    UNLOAD_TIMEOUT,
     ClientHost,
     Unpacked,
     idle_actors,
