@@ -24,9 +24,9 @@ events how many programs the run compiled or loaded, how many of those were cach
 the seconds spent tracing, lowering and compiling-or-loading.
 
 ``--ray`` adds the Ray engine's set-up against the local engine: the same FSGLD run with
-``engine="ray"`` (Ray started on loopback in the child; ``--clients-per-actor auto``, the
-default here: one actor per CPU; ``default``: the engine's default, one actor per client; or
-N) after a warm
+``engine="ray"`` (Ray started on loopback in the child; ``--clients-per-actor default``,
+the engine's default placement: one actor per CPU when clients outnumber CPUs; ``auto``: the
+same, asked for; or N, ``1`` for one actor per client) after a warm
 local run, cold and warm cache, each in a fresh process; Ray's own start is included. The
 child starts Ray itself, as a user's script would, and runs a second time with another seed:
 that run's clients are hosted by the first run's actors (the engine option ``reuse_actors``),
@@ -40,7 +40,7 @@ run is the lowest any set-up with one process per actor can reach on this machin
     python benchmarks/bench_startup.py --repeats 3 --ray
     python benchmarks/bench_startup.py --repeats 1 --ray --ray-problem table1 --families FSGLD
     python benchmarks/bench_startup.py --repeats 1 --ray --ray-problem table1 --families FSGLD \
-        --clients-per-actor default
+        --clients-per-actor 1
 """
 
 from __future__ import annotations
@@ -249,10 +249,10 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also Ray set-up against local")
     parser.add_argument("--ray-problem", default="toy", choices=RAY_PROBLEMS,
                         help="with --ray: the 4-client toy (default) or FSGLD Table 1's 30 clients")
-    parser.add_argument("--clients-per-actor", default="auto",
-                        help="with --ray: the engine option clients_per_actor: auto (default "
-                             "here, one actor per CPU), default (the engine's, one actor per "
-                             "client) or an integer")
+    parser.add_argument("--clients-per-actor", default="default",
+                        help="with --ray: the engine option clients_per_actor: default (the "
+                             "engine's: one actor per CPU when clients outnumber CPUs), auto "
+                             "(the same, asked for) or an integer (1: one actor per client)")
     args = parser.parse_args()
     started = time.perf_counter()
     print(f"python {sys.version.split()[0]}; load average at start {os.getloadavg()[0]:.1f}; "

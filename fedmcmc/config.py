@@ -4,7 +4,7 @@ A config declares one federation and the algorithms to compare on it::
 
     name: linreg-demo
     model:
-      name: linear_regression        # built-in / model-zoo name, or "package.module:function"
+      name: linear_regression        # model-zoo name, or "package.module:function"
       params: {dim: 3}
     data:
       generate: {num_examples: 600, seed: 0}   # or  path: data.npz  (.npz, .npy or .csv)
@@ -35,17 +35,18 @@ Models are resolved, in order, as
    (receiving ``data=`` too when ``data.path`` is given and it takes a
    ``data`` argument) returns a :class:`~fedmcmc.Model`, ``(model, data)`` or
    ``(model, data, init)``, where data is a pytree or a ``Federation``;
-2. a name in the model zoo ``fedmcmc.models`` (its ``get(name)`` or a
-   ``REGISTRY``/``registry`` mapping, or a builder function of that name),
-   called the same way;
-3. a built-in of this module (:data:`BUILTIN_MODELS`: ``gaussian_mean``,
-   ``linear_regression``), which also generates data.
+2. a name in the model zoo :mod:`fedmcmc.models` (``fedmcmc.models.names()``:
+   ``gaussian_mean``, ``linear_regression``, ``logistic_regression``, ...; a model
+   of one's own joins it with ``fedmcmc.models.register``), called the same way.
 
 Data come from ``data.path`` (relative to the config file), from the model
 factory, or are generated (``data.generate``: keyword arguments of the zoo's
-``fedmcmc.models.data_generator(name)``, or of the built-in generator).
+``fedmcmc.models.data_generator(name)``).
 Algorithms are looked up by name on the ``fedmcmc`` namespace at run time, so
-new algorithm classes work without editing this module.
+new algorithm classes work without editing this module; ``algorithms[].name`` may also be
+the import path ``"package.module:Class"`` of an algorithm defined outside the package
+(an :class:`~fedmcmc.algorithm.Algorithm` subclass), labelled ``Class`` in reports unless
+``label`` says otherwise.
 """
 
 from __future__ import annotations
@@ -74,7 +75,6 @@ __all__ = [
     "parse_config",
     "build_experiment",
     "resolve_algorithm_class",
-    "BUILTIN_MODELS",
 ]
 
 
@@ -90,7 +90,7 @@ class _Strict(BaseModel):
 
 
 class ModelSection(_Strict):
-    name: str = Field(min_length=1, description="built-in / zoo name or 'package.module:function'")
+    name: str = Field(min_length=1, description="model-zoo name or 'package.module:function'")
     params: Dict[str, Any] = Field(default_factory=dict)
 
 
@@ -100,7 +100,7 @@ class DataSection(_Strict):
         default=None, description="CSV only: leaf name -> column name or list of column names"
     )
     generate: Dict[str, Any] = Field(
-        default_factory=dict, description="arguments of the built-in data generator"
+        default_factory=dict, description="arguments of the model zoo's data generator"
     )
     dtype: Literal["float32", "float64"] = "float32"
 
@@ -124,8 +124,10 @@ class PartitionSection(_Strict):
 
 
 class AlgorithmSection(_Strict):
-    name: str = Field(min_length=1, description="class name on the fedmcmc namespace, e.g. FSGLD")
-    label: Optional[str] = Field(default=None, description="unique label in reports (default: name)")
+    name: str = Field(min_length=1, description="class name on the fedmcmc namespace, e.g. "
+                      "FSGLD, or the import path 'package.module:Class' of one's own algorithm")
+    label: Optional[str] = Field(default=None, description="unique label in reports (default: "
+                                 "name, or the class name of an import path)")
     params: Dict[str, Any] = Field(default_factory=dict)
     thin: Optional[Union[PositiveInt, Literal["auto"]]] = Field(
         default=None, description="overrides the top-level thin (an integer or 'auto')")
@@ -138,6 +140,12 @@ class AlgorithmSection(_Strict):
         if value is not None and not all(c.isalnum() or c in "-_." for c in value):
             raise ValueError("label may contain letters, digits, '-', '_' and '.' only")
         return value
+
+    @property
+    def key(self) -> str:
+        """The label in reports and output names: ``label``, else ``name`` (the class name of
+        an import path ``"package.module:Class"``)."""
+        return self.label or self.name.rpartition(":")[2]
 
 
 class ReferenceSection(_Strict):
@@ -192,7 +200,7 @@ class ExperimentConfig(_Strict):
     def _unique_labels(self):
         seen = {}
         for index, algorithm in enumerate(self.algorithms):
-            label = algorithm.label or algorithm.name
+            label = algorithm.key
             if label in seen:
                 raise ValueError(
                     f"algorithms.{index}.label: {label!r} is used by algorithms.{seen[label]} "
@@ -202,7 +210,7 @@ class ExperimentConfig(_Strict):
         return self
 
     def labels(self) -> List[str]:
-        return [a.label or a.name for a in self.algorithms]
+        return [a.key for a in self.algorithms]
 
 
 def _format_validation_error(error: ValidationError) -> str:
@@ -246,89 +254,6 @@ def load_config(path: Union[str, Path]) -> ExperimentConfig:
     return parse_config(raw, base_dir=path.resolve().parent)
 
 
-# ----------------------------------------------------------- built-in models
-
-
-def _gaussian_mean_model(dim: int = 2, prior_mean: float = 0.0, prior_cov: float = 1.0,
-                         noise_cov: float = 1.0):
-    """x_i ~ N(mu, noise_cov I), mu ~ N(prior_mean, prior_cov I); parameters: mu (dim,).
-
-    Same parameters and data layout (an (N, dim) array) as the model zoo's
-    ``gaussian_mean`` with scalar covariances.
-    """
-    import jax.numpy as jnp
-
-    dim = int(dim)
-    prior_cov, noise_cov = float(prior_cov), float(noise_cov)
-    if not (dim >= 1 and prior_cov > 0 and noise_cov > 0):
-        raise ValueError("dim, prior_cov and noise_cov must be positive")
-
-    def log_prior(mu):
-        return -0.5 * jnp.sum((mu - prior_mean) ** 2) / prior_cov
-
-    def log_likelihood(mu, x):
-        return -0.5 * jnp.sum((x - mu) ** 2) / noise_cov
-
-    return Model(log_prior, log_likelihood, name="gaussian_mean",
-                 init=lambda key=None: jnp.zeros((dim,), jnp.float32))
-
-
-def _gaussian_mean_data(model_params: dict, num_examples: int = 1000, seed: int = 0,
-                        true_mean: Any = None):
-    """An (N, dim) array of N(true_mean, noise_cov I) rows (true_mean default 1, -1, 1, ...)."""
-    dim = int(model_params.get("dim", 2))
-    noise = float(np.sqrt(float(model_params.get("noise_cov", 1.0))))
-    if true_mean is None:
-        true_mean = np.where(np.arange(dim) % 2 == 0, 1.0, -1.0)
-    true_mean = np.broadcast_to(np.asarray(true_mean, dtype=np.float64), (dim,))
-    rng = np.random.default_rng(seed)
-    return true_mean + noise * rng.standard_normal((int(num_examples), dim))
-
-
-def _linear_regression_model(dim: int = 3, prior_precision: float = 1.0, noise_std: float = 1.0,
-                             prior_mean: float = 0.0):
-    """y_i ~ N(beta^T x_i, noise_std^2), beta ~ N(prior_mean, prior_precision^-1 I).
-
-    Example ``{"x": (dim,), "y": ()}``, as in the model zoo's ``linear_regression``.
-    """
-    import jax.numpy as jnp
-
-    dim = int(dim)
-    prior_precision, noise_std = float(prior_precision), float(noise_std)
-    if not (dim >= 1 and prior_precision > 0 and noise_std > 0):
-        raise ValueError("dim, prior_precision and noise_std must be positive")
-
-    def log_prior(beta):
-        return -0.5 * prior_precision * jnp.sum((beta - prior_mean) ** 2)
-
-    def log_likelihood(beta, example):
-        return -0.5 * (example["y"] - example["x"] @ beta) ** 2 / noise_std**2
-
-    return Model(log_prior, log_likelihood, name="linear_regression",
-                 init=lambda key=None: jnp.zeros((dim,), jnp.float32))
-
-
-def _linear_regression_data(model_params: dict, num_examples: int = 1000, seed: int = 0,
-                            true_beta: Any = None):
-    """{"x": (N, dim) standard normal, "y": x beta + N(0, noise_std^2)}."""
-    dim = int(model_params.get("dim", 3))
-    noise = float(model_params.get("noise_std", 1.0))
-    rng = np.random.default_rng(seed)
-    if true_beta is None:
-        true_beta = np.linspace(-1.0, 1.0, dim)
-    true_beta = np.broadcast_to(np.asarray(true_beta, dtype=np.float64), (dim,))
-    x = rng.standard_normal((int(num_examples), dim))
-    y = x @ true_beta + noise * rng.standard_normal(int(num_examples))
-    return {"x": x, "y": y}
-
-
-#: name -> (model builder(**model.params), data generator(model_params, **data.generate))
-BUILTIN_MODELS = {
-    "gaussian_mean": (_gaussian_mean_model, _gaussian_mean_data),
-    "linear_regression": (_linear_regression_model, _linear_regression_data),
-}
-
-
 # ---------------------------------------------------------------- resolution
 
 
@@ -361,7 +286,7 @@ class Experiment:
     def run_hash(self, label: str) -> str:
         """Hash of everything that determines the draws of the run ``label``."""
         config = self.config
-        section = next(a for a in config.algorithms if (a.label or a.name) == label)
+        section = next(a for a in config.algorithms if a.key == label)
         payload = {
             "model": config.model.model_dump(mode="json"),
             "data": config.data.model_dump(mode="json"),
@@ -393,9 +318,23 @@ def _data_digest(federation) -> str:
 
 
 def resolve_algorithm_class(name: str, field: str = "algorithms.name"):
-    """The algorithm class ``name`` on the ``fedmcmc`` namespace; ``ConfigError`` lists what exists."""
+    """The algorithm class ``name``: a class on the ``fedmcmc`` namespace, or the import path
+    ``"package.module:Class"`` of an :class:`~fedmcmc.algorithm.Algorithm` subclass defined
+    outside the package; ``ConfigError`` names ``field`` and lists what exists."""
     import fedmcmc as fm
 
+    if ":" in name:
+        module_name, _, class_name = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as error:  # noqa: BLE001 - ImportError, or an error inside the module
+            raise ConfigError(f"{field}: cannot import {module_name!r} "
+                              f"({type(error).__name__}: {error})") from None
+        cls = getattr(module, class_name, None)
+        if not (inspect.isclass(cls) and issubclass(cls, Algorithm)):
+            raise ConfigError(f"{field}: {module_name!r} has no fedmcmc.algorithm.Algorithm "
+                              f"subclass {class_name!r}")
+        return cls
     available = sorted(
         n for n in dir(fm)
         if inspect.isclass(getattr(fm, n)) and issubclass(getattr(fm, n), Algorithm)
@@ -404,51 +343,29 @@ def resolve_algorithm_class(name: str, field: str = "algorithms.name"):
     cls = getattr(fm, name, None)
     if not (inspect.isclass(cls) and issubclass(cls, Algorithm)):
         raise ConfigError(
-            f"{field}: unknown algorithm {name!r}; available: {', '.join(available)}"
+            f"{field}: unknown algorithm {name!r}; available: {', '.join(available)} "
+            "(or an import path 'package.module:Class')"
         )
     return cls
 
 
 def _zoo_lookup(name: str):
-    """(builder, known names) from the model zoo ``fedmcmc.models``; builder None if unknown.
+    """(builder, known names) from the model zoo :mod:`fedmcmc.models`; builder None if
+    ``name`` is not one of its names."""
+    from . import models as zoo
 
-    Uses the zoo's ``builder(name)`` (the builder function) or ``get(name, **params)``,
-    and ``names()`` for the listing.
-    """
     try:
-        zoo = importlib.import_module("fedmcmc.models")
-    except ImportError:
-        return None, []
-    names: List[str] = []
-    lister = getattr(zoo, "names", None)
-    if callable(lister):
-        try:
-            names = sorted(lister())
-        except Exception:  # noqa: BLE001 - the listing is only for messages
-            names = []
-    build = getattr(zoo, "builder", None)
-    if callable(build):
-        try:
-            return build(name), names
-        except (KeyError, ValueError, LookupError):
-            return None, names
-    getter = getattr(zoo, "get", None)
-    if callable(getter) and name in names:
-        return (lambda **params: getter(name, **params)), names
-    return None, names
+        return zoo.builder(name), zoo.names()
+    except ValueError:
+        return None, zoo.names()
 
 
 def _zoo_generator(name: str):
-    """The zoo's synthetic data generator for ``name`` (``fedmcmc.models.data_generator``), or None.
+    """The zoo's synthetic data generator for ``name`` (:func:`fedmcmc.models.data_generator`),
+    or None: ``generate(model_params, num_examples=, seed=, **options)``."""
+    from . import models as zoo
 
-    Same signature as the built-ins: ``generate(model_params, num_examples=, seed=, **options)``.
-    """
-    try:
-        zoo = importlib.import_module("fedmcmc.models")
-        lookup = getattr(zoo, "data_generator", None)
-        return lookup(name) if callable(lookup) else None
-    except Exception:  # noqa: BLE001 - no generator: data must come from data.path
-        return None
+    return zoo.data_generator(name)
 
 
 def _call_factory(factory, params: dict, data, field: str):
@@ -643,7 +560,7 @@ def build_experiment(config: ExperimentConfig) -> Experiment:
             raise ConfigError(f"algorithms.{index}.params ({section.name}): {error}") from None
         except ValueError as error:
             raise ConfigError(f"algorithms.{index}.params ({section.name}): {error}") from None
-        algorithms.append((section.label or section.name, section, instance))
+        algorithms.append((section.key, section, instance))
 
     file_data = None
     data_source = None
@@ -665,21 +582,13 @@ def build_experiment(config: ExperimentConfig) -> Experiment:
         model_source = f"import:{name}"
     else:
         factory, zoo_names = _zoo_lookup(name)
-        model_source = f"fedmcmc.models:{name}"
-        if factory is not None:
-            generator = _zoo_generator(name)
-        if name in BUILTIN_MODELS:
-            builder, builtin_generator = BUILTIN_MODELS[name]
-            generator = generator or builtin_generator
-            if factory is None:
-                factory, model_source = builder, f"builtin:{name}"
-                generator = builtin_generator
         if factory is None:
-            known = sorted(set(zoo_names) | set(BUILTIN_MODELS))
             raise ConfigError(
-                f"model.name: unknown model {name!r}; available: {', '.join(known)} "
+                f"model.name: unknown model {name!r}; available: {', '.join(zoo_names)} "
                 "(or an import path 'package.module:function')"
             )
+        model_source = f"fedmcmc.models:{name}"
+        generator = _zoo_generator(name)
 
     model, data, init = _split_factory_output(
         _call_factory(factory, params, file_data, "model.params"), "model.name"
@@ -690,7 +599,7 @@ def build_experiment(config: ExperimentConfig) -> Experiment:
         if config.data.generate or generator is not None:
             if generator is None:
                 raise ConfigError(
-                    f"data.generate: model {name!r} has no built-in data generator; give data.path"
+                    f"data.generate: model {name!r} has no data generator in the zoo; give data.path"
                 )
             try:
                 data = generator(params, **config.data.generate)

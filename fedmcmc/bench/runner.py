@@ -27,19 +27,17 @@ import os
 import platform
 import sys
 import time
-import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..api import sample
 from ..reference import reference_posterior
-from ..results import SamplingDivergedError
 from . import algorithms as algorithms_module
 from . import metrics
 from . import problems as problems_module
 from . import workers
+from .row import number
 
 __all__ = ["COLUMNS", "SIZES", "run", "write_outputs"]
 
@@ -81,114 +79,6 @@ def _reference(instance, quiet: bool):
     _log(f"  reference: {reference.method} ({'cached' if reference.from_cache else 'computed'}, "
          f"{time.perf_counter() - started:.1f} s)", quiet)
     return reference, reference_ess
-
-
-def _number(value: Any) -> Optional[float]:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-class _OverBudget(Exception):
-    """Raised from a run's chunk callback once the budget's wall time is spent."""
-
-    def __init__(self, done: int, total: int):
-        super().__init__(f"{done} of {total} draws")
-        self.done, self.total = done, total
-
-
-def run_one(entry, ctx, reference, reference_ess, seed: int,
-            on_start: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
-    """One leaderboard row: ``entry``'s algorithm on ``ctx``'s problem, scored against
-    ``reference`` (run in a worker process by :func:`fedmcmc.bench.workers.run_rows`).
-    ``on_start(settings)``, if given, is called just before sampling begins with the row's
-    ``settings`` and ``uses_auto`` (the worker's "started" message)."""
-    instance = ctx.instance
-    row: Dict[str, Any] = {
-        "problem": instance.name, "algorithm": entry.name, "family": entry.family,
-        "reference": reference.method, "seed": seed,
-    }
-    try:
-        plan, why = algorithms_module.plan(entry, ctx)
-    except Exception as error:  # noqa: BLE001 - a rule the installed class refuses
-        row["verdict"] = f"FAILED: settings refused: {type(error).__name__}: {error}"
-        return row
-    if plan is None:
-        row["verdict"] = f"not available ({why})"
-        return row
-    row["settings"] = plan.settings
-    row["uses_auto"] = plan.uses_auto
-    if on_start is not None:
-        on_start({"settings": plan.settings, "uses_auto": plan.uses_auto})
-    caught: List[str] = []
-    started = time.perf_counter()
-    result = None
-    sample_kwargs = dict(plan.sample_kwargs)
-    seconds = ctx.budget.seconds
-    if seconds is not None and getattr(plan.algorithm, "supports_resume", False):
-        total = int(sample_kwargs.get("num_samples", 0)) + int(sample_kwargs.get("burn_in", 0))
-        # the budget is checked at chunk ends: chunks of 1/250 of the run (1 draw at quick
-        # size) keep the overrun small even where one draw takes a minute (Fed Boomerang under
-        # client drift: 1/40 of the run let a 120 s budget run 349 s); the compiled chunk is
-        # the same program whatever its length, so shorter chunks cost only a Python round trip
-        sample_kwargs.setdefault("chunk_size", max(1, total // 250))
-        deadline = started + seconds
-
-        def stop_when_over(states, draws_done, _total=total):
-            if time.perf_counter() > deadline:
-                raise _OverBudget(draws_done, _total)
-
-        sample_kwargs["on_chunk"] = stop_when_over
-    with warnings.catch_warnings(record=True) as records:
-        warnings.simplefilter("always")
-        try:
-            result = sample(instance.model, instance.federation, algorithm=plan.algorithm,
-                               init=instance.init, seed=seed, progress=False, **sample_kwargs)
-        except _OverBudget as over:
-            row["verdict"] = (f"LOSES: over the time budget ({seconds:.0f} s; {over.done} of "
-                              f"{over.total} draws made)")
-        except SamplingDivergedError as error:
-            row["verdict"] = f"FAILED: diverged: {str(error).splitlines()[0][:300]}"
-        except Exception as error:  # noqa: BLE001 - any failure is a leaderboard row, not a crash
-            row["verdict"] = f"FAILED: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
-    for record in records:
-        text = f"{record.category.__name__}: {str(record.message).splitlines()[0][:200]}"
-        if text not in caught:
-            caught.append(text)
-    row["warnings"] = " | ".join(caught)
-    row["wall_time_s"] = time.perf_counter() - started
-    if result is None:
-        return row
-    info = result.info
-    for key in ("iterations", "rounds", "messages", "floats_communicated"):
-        if _number(info.get(key)) is not None:
-            row[key] = int(info[key])
-    if plan.uses_auto and "step_size" in info:
-        row["settings"] += f" (chose step_size={info['step_size']})"
-    # the run's own convergence check (fedmcmc.convergence) and the run length it used
-    checked = info.get("diagnostics") or {}
-    row["r_hat_max"] = checked.get("max_r_hat")
-    row["ess_bulk_min"] = checked.get("min_ess_bulk")
-    row["ess_tail_min"] = checked.get("min_ess_tail")
-    row["converged"] = checked.get("converged")
-    for key in ("thin", "burn_in"):
-        if _number(info.get(key)) is not None:
-            row[key] = int(info[key])
-    if "sample_interval" in info and _number(info.get("sample_interval")) is not None:
-        row["settings"] += f" (sample_interval={float(info['sample_interval']):.3g})"
-    draws = result.flat_samples()
-    if not np.all(np.isfinite(draws)):
-        row["verdict"] = "FAILED: non-finite draws"
-        return row
-    figures = metrics.accuracy(draws, reference, instance.coordinates)
-    row.update(figures)
-    row["ess_per_second"] = figures["ess_min"] / row["wall_time_s"]
-    if row.get("floats_communicated") is not None and figures["ess_min"] > 0:
-        row["floats_per_effective_draw"] = row["floats_communicated"] / figures["ess_min"]
-    row["verdict"] = metrics.verdict(figures, reference_ess)
-    return row
 
 
 def _error(row: Dict[str, Any]) -> float:
@@ -366,7 +256,7 @@ def _table(rows: List[Dict[str, Any]]) -> List[str]:
             _cell(r.get("r_hat_max")),
             (f"{r['thin']} / {r['burn_in']}" if r.get("thin") is not None else ""),
             _cell(r.get("wall_time_s")), _cell(r.get("ess_per_second")),
-            _cell(_number(r.get("floats_communicated"))), (r.get("settings") or "").replace("|", "/"),
+            _cell(number(r.get("floats_communicated"))), (r.get("settings") or "").replace("|", "/"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -410,7 +300,7 @@ def _plot(path: Path, rows: List[Dict[str, Any]], problem_names: List[str]) -> b
                                           ("floats_communicated", "floats communicated")]):
             ax = axes[i][j]
             for r in done:
-                x = _number(r.get(key))
+                x = number(r.get(key))
                 if x is None or x <= 0:
                     continue
                 marker = "o" if r["verdict"] == "ok" else "x"

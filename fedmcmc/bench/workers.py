@@ -40,7 +40,7 @@ def _worker(tasks, results) -> None:  # pragma: no cover - runs in a child proce
 
     from . import algorithms as algorithms_module
     from . import problems as problems_module
-    from .runner import run_one
+    from .row import run_one
 
     warnings.simplefilter("ignore", FutureWarning)  # ArviZ's import-time notice
     instances: Dict[str, Any] = {}

@@ -175,10 +175,9 @@ class _Decentralised(Algorithm):
         """The checked communication graph for ``num_agents`` agents (one per client)."""
         return graph_module.topology(self.graph, num_agents, self.graph_options)
 
-    def _check_batch(self, federation) -> None:
-        """``batch_size`` is an upper bound (``fedmcmc.minibatch``): nothing to refuse."""
-
-    def _gamma(self):
+    def fixed_gamma(self):
+        """GT-DULA's ``gamma`` when it is a number, else None (DULA; ``gamma="auto"``, chosen
+        at set-up)."""
         return None
 
     def _kernel(self, local_gradient, mix, schedule, n, beta, gamma):  # pragma: no cover
@@ -869,7 +868,7 @@ class GTDULA(_Decentralised):
                      tolerance, spread_limit)
         self.gamma = _check_coefficient(gamma, "gamma")
 
-    def _gamma(self):
+    def fixed_gamma(self):
         return None if self.gamma == AUTO else self.gamma
 
     def _kernel(self, local_gradient, mix, schedule, n, beta, gamma):

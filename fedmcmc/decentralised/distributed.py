@@ -248,15 +248,13 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
             "use 'stop'")
     n = federation.num_clients
     topo = algorithm.topology(n)
-    if not federation.is_deferred:
-        algorithm._check_batch(federation)
     flat_model = model.flatten(init)
     dim = flat_model.dim
     laplacian = np.asarray(topo.laplacian, np.float64)
     tracking = bool(algorithm.tracking)
     base = {
         "n": n, "chains": int(chains), "thin": int(thin), "seed": int(seed),
-        "beta": float(algorithm.beta), "gamma": algorithm._gamma(), "tracking": tracking,
+        "beta": float(algorithm.beta), "gamma": algorithm.fixed_gamma(), "tracking": tracking,
         "batch_size": algorithm.batch_size, "noise": algorithm.noise,
         "step_size": algorithm.step_size, "decay_every": algorithm.decay_every,
         "decay_factor": algorithm.decay_factor,
@@ -276,7 +274,6 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
         # from_loaders: the agents loaded their rows themselves and report their sizes
         try:
             federation = describe_federation(transport, federation, model, init)
-            algorithm._check_batch(federation)
         except Exception:
             transport.close()
             raise
@@ -397,7 +394,7 @@ def _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin, t
         ]
     info.update(transport.placement())
     info.update(topo.describe())
-    gamma = algorithm._gamma()
+    gamma = algorithm.fixed_gamma()
     if gamma is not None:
         info["gamma"] = gamma
     kept = slice(burn_in, run.draws_done)

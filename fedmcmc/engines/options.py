@@ -20,7 +20,7 @@ ENGINE_OPTIONS = (
     "on_client_failure",
     "client_resources",
     "client_num_cpus",
-    "clients_per_actor",  # client endpoints per Ray actor (default 1; "auto": one actor per CPU)
+    "clients_per_actor",  # client endpoints per Ray actor (default "auto": one actor per CPU)
     "reuse_actors",  # keep client actors for the next run on a Ray instance that outlives this one
     "direct_channel",  # driver messages through an authenticated socket per actor (channel.py)
     "channel_ports",  # (first, last): the ports the actors' channels listen on

@@ -335,7 +335,7 @@ def _with_run_sums(advance, accumulate):
             index, draw, row_stats = row
             new = jax.vmap(accumulate)(n_before + index, sums, draw, row_stats)
             keep = index < made  # (C,): rows past a chain's failure are not draws
-            return federated._select_lanes(keep, new, sums), None
+            return federated.select_lanes(keep, new, sums), None
 
         rows = jnp.arange(draws.shape[0], dtype=n_before.dtype)
         return jax.lax.scan(one_row, sums, (rows, draws, stats))[0]

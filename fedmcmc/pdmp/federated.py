@@ -38,7 +38,7 @@ from .events import affine_first_time
 from ..rng import exponential64, fold_in, split_key, uniform64
 
 __all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "WorkerProposal",
-           "ThinningCarry", "first_events", "build"]
+           "ThinningCarry", "first_events", "build", "select_lanes"]
 
 PyTree = Any
 EXCESS = 1
@@ -253,7 +253,7 @@ def _exact_first_event(cfg: FedConfig, key, x0, v0, cap, g0, hv, q, l, lw, coord
                           zero_i, jnp.array(False))
 
 
-def _select_lanes(active, new, old):
+def select_lanes(active, new, old):
     """``new`` on the lanes (leading axis) where ``active``, ``old`` elsewhere; key arrays too."""
     def leaf(n, o):
         return jax.lax.select(jnp.broadcast_to(active.reshape(active.shape + (1,) * (n.ndim - 1)),
@@ -419,7 +419,7 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
         def body(c: ThinningCarry) -> ThinningCarry:
             cand = jax.vmap(candidate, in_axes=(0, 0, None))(c, lanes, limit(c))
             new = jax.vmap(resolve)(c, lanes, cand, gradients(cand.x))
-            return _select_lanes(searching(c), new, c)
+            return select_lanes(searching(c), new, c)
 
         initial = jax.vmap(start)(lanes, gradients(jnp.broadcast_to(x0, keys.shape + x0.shape)))
         out = jax.lax.while_loop(lambda c: jnp.any(searching(c)), body, initial)

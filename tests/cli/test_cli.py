@@ -207,6 +207,36 @@ def test_data_file_and_import_path(tmp_path, monkeypatch):
     assert experiment.model_source == "import:my_models:regression"
 
 
+def test_an_algorithm_named_by_import_path_runs(tmp_path, capsys, monkeypatch):
+    """algorithms[].name "package.module:Class": a user's Algorithm subclass, labelled by its
+    class name, runs under `fedmcmc run`; a wrong path is one message naming the field."""
+    (tmp_path / "my_algorithms.py").write_text(
+        "import fedmcmc as fm\n"
+        "class MyDSGLD(fm.DSGLD):\n"
+        "    pass\n"
+        "NotAnAlgorithm = dict\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # a user's own module, as on their path
+    params = {"step_size": 2e-3, "batch_size": 10, "local_steps": 5}
+    config = small_config(algorithms=[{"name": "my_algorithms:MyDSGLD", "params": params}],
+                          num_samples=20, burn_in=0, reference={"method": "none"},
+                          checkpoint={"every_chunks": 1, "chunk_size": 10})
+    experiment = build_experiment(parse_config(config, base_dir=tmp_path))
+    [(label, _, algorithm)] = experiment.algorithms
+    assert label == "MyDSGLD" and type(algorithm).__name__ == "MyDSGLD"
+    out = tmp_path / "out"
+    assert cli.main(["run", str(write(tmp_path, config)), "--out", str(out), "--quiet"]) == 0
+    assert (out / "draws" / "MyDSGLD.nc").is_file()
+    for name, needle in (("my_algorithms:NotAnAlgorithm", "no fedmcmc.algorithm.Algorithm"),
+                         ("no_such_module:X", "cannot import 'no_such_module'")):
+        bad = small_config(algorithms=[{"name": name, "params": params}])
+        code = cli.main(["run", str(write(tmp_path, bad)), "--out", str(tmp_path / "o"),
+                         "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 1 and "algorithms.0.name" in err and needle in err, err
+        assert "Traceback" not in err
+
+
 def test_help_lists_commands():
     completed = subprocess.run(["fedmcmc", "--help"], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0

@@ -578,6 +578,7 @@ on_ray = sample_protocol(protocol, model, federation, engine="ray", visit_timeou
 local = sample_protocol(protocol, model, federation, engine="local", **kw)
 print(json.dumps({
     "channels": on_ray.info.get("ray_direct_channels", 0),
+    "actors": len(on_ray.info["ray_actors"]),
     "tls": on_ray.info.get("ray_channel_tls"),
     "failures": on_ray.info.get("ray_channel_failures", []),
     "authentication": on_ray.info.get("ray_authentication"),
@@ -604,7 +605,8 @@ def test_on_a_tls_instance_the_direct_channels_are_tls_and_give_the_same_draws(t
         figures = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
-    assert figures["channels"] == 3 and figures["tls"] is True, figures
+    # one channel per actor (the default placement: 3 clients in 2 actors on 2 CPUs)
+    assert figures["channels"] == figures["actors"] == 2 and figures["tls"] is True, figures
     assert figures["failures"] == [], figures
     assert figures["authentication"] == "token"
     assert figures["largest_difference"] <= 1e-5, figures

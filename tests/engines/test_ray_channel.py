@@ -168,7 +168,7 @@ def test_a_dead_actor_fails_its_clients_and_the_others_answer(local_ray, connect
 
 def test_a_channel_that_cannot_be_opened_leaves_actor_calls_and_says_so(local_ray,
                                                                        monkeypatch):
-    from fedmcmc.engines import ray_engine
+    from fedmcmc.engines import ray_direct
     from fedmcmc.engines.ray_engine import ChannelWarning, RayTransport
 
     attempts = []
@@ -178,7 +178,7 @@ def test_a_channel_that_cannot_be_opened_leaves_actor_calls_and_says_so(local_ra
             attempts.append(address)
             raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(ray_engine, "ChannelClient", Firewalled)
+    monkeypatch.setattr(ray_direct, "ChannelClient", Firewalled)
     transport = RayTransport([(logbook_class(), (s, SOURCE)) for s in range(2)])
     try:
         _opened(transport, [0, 1])

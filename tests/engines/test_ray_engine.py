@@ -1,5 +1,6 @@
-"""The Ray engine (issue 7): DSGLD/FSGLD, DULA/GT-DULA and Fed-PDMC with one Ray actor per client
-(the default; several clients per actor, ``clients_per_actor``, in test_ray_packing.py).
+"""The Ray engine (issue 7): DSGLD/FSGLD, DULA/GT-DULA and Fed-PDMC on Ray actors with the
+default placement (on the fixture's 2-CPU instance, 4 clients in 2 actors of 2; the placements,
+``clients_per_actor``, in test_ray_packing.py).
 
 Every test binds loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before
 Ray is imported, ``_node_ip_address="127.0.0.1"``), bounds its run time
@@ -383,13 +384,14 @@ def test_engine_options_are_checked(local_ray):
 def test_later_runs_reuse_the_actors_and_give_the_same_draws(local_ray):
     """On a Ray instance that outlives the run (the default reuse_actors=True) the next run's
     clients are hosted by the previous run's actors: the same draws as new actors give; a
-    client that died is not kept; reuse_actors=False starts and ends its own."""
+    client that died is not kept; reuse_actors=False starts and ends its own. One actor per
+    client (clients_per_actor=1), so that a dead client's actor is its own."""
     from fedmcmc.engines.ray_engine import idle_actors, release_idle_actors
 
     release_idle_actors()
     federation = gaussian_federation()
     algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
-    kw = dict(KILL_KW, num_samples=20, engine="ray", visit_timeout=TIMEOUT)
+    kw = dict(KILL_KW, num_samples=20, engine="ray", visit_timeout=TIMEOUT, clients_per_actor=1)
     fresh = fm.sample(GAUSSIAN_MODEL, federation, algorithm, reuse_actors=False, **kw)
     assert fresh.info["ray_actors_reused"] == 0 and idle_actors() == 0
     first = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **kw)
@@ -407,7 +409,8 @@ def test_later_runs_reuse_the_actors_and_give_the_same_draws(local_ray):
     np.testing.assert_array_equal(third.flat_samples(), fresh.flat_samples())
     with pytest.raises(ValueError, match="reuse_actors must be True or False"):
         fm.sample(GAUSSIAN_MODEL, federation, algorithm, reuse_actors="yes", **kw)
-    local_kw = {k: v for k, v in kw.items() if k not in ("engine", "visit_timeout")}
+    local_kw = {k: v for k, v in kw.items()
+                if k not in ("engine", "visit_timeout", "clients_per_actor")}
     with pytest.raises(ValueError, match="reuse_actors"):
         fm.sample(GAUSSIAN_MODEL, federation, algorithm, reuse_actors=True, **local_kw)
     assert release_idle_actors() == 4 and idle_actors() == 0
@@ -598,8 +601,10 @@ def test_fed_zigzag_on_ray_identical_to_in_process_and_exact(zigzag_runs):
     ok, figures = trajectory_check(on_ray.info, mean, cov, on_ray.flat_samples())
     assert ok, figures
     assert on_ray.info["engine"] == "ray" and len(on_ray.info["client_locations"]) == 4
-    # the event rounds went through the actors' direct channels (test_ray_channel.py)
-    assert on_ray.info["ray_direct_channels"] == 4 and on_ray.info["ray_channel_tls"] is False
+    # the event rounds went through the actors' direct channels (test_ray_channel.py), one
+    # per actor of the default placement
+    assert on_ray.info["ray_actors"] == [[0, 1], [2, 3]]
+    assert on_ray.info["ray_direct_channels"] == 2 and on_ray.info["ray_channel_tls"] is False
 
 
 def test_fed_pdmp_worker_messages_are_parameter_sized(zigzag_runs):

@@ -1,8 +1,8 @@
 """Several client endpoints per Ray actor (issue 18: Ray set-up on one machine).
 
-``clients_per_actor`` (default one actor per client, as ../shared/CONTRACT.md describes
-engine="ray"; ``"auto"``: one actor per CPU of the cluster, one per client with
-``client_resources``; an integer k: at most k per actor) packs client endpoints into :class:`~fedmcmc.engines.ray_engine.ClientHost`
+``clients_per_actor`` (default ``"auto"``, as ../shared/CONTRACT.md describes engine="ray":
+one actor per CPU of the cluster, so clients are packed when they outnumber the CPUs, one per
+client with ``client_resources``; an integer k: at most k per actor) packs client endpoints into :class:`~fedmcmc.engines.ray_engine.ClientHost`
 actors. Packing changes where endpoints run, never what they compute: the draws are the
 in-process engine's; each client still loads, holds and answers for its own rows; a client
 that fails (at start or later) fails alone, the others of its actor go on.
@@ -50,8 +50,10 @@ def test_messages_travel_as_one_byte_string_unless_pickle_cannot_take_them():
 
 
 def test_auto_groups_are_one_actor_per_cpu_in_balanced_contiguous_blocks():
-    assert actor_groups(30, None, None, 2) == [[c] for c in range(30)]  # the default
+    assert actor_groups(30, None, None, 2) == [list(range(15)), list(range(15, 30))]  # default
     assert actor_groups(30, "auto", None, 2) == [list(range(15)), list(range(15, 30))]
+    assert actor_groups(30, 1, None, 2) == [[c] for c in range(30)]  # one actor per client
+    assert actor_groups(2, None, None, 2) == [[0], [1]]  # no more clients than CPUs
     # 30 clients on 4 CPUs: blocks of 8, 8, 7, 7 (not 8, 8, 8, 6)
     sizes = [len(g) for g in actor_groups(30, "auto", None, 4)]
     assert sizes == [8, 8, 7, 7]
@@ -85,24 +87,25 @@ def test_clients_per_actor_is_checked():
         fm.sample(GAUSSIAN_MODEL, federation, algorithm, clients_per_actor=2, **RUN)
 
 
-def test_the_default_placement_warns_when_actors_far_outnumber_the_cpus(monkeypatch):
-    """One actor per client (the default) on an instance with far fewer CPUs gets a
-    PlacementWarning naming clients_per_actor='auto', pointing at the caller's line; a
-    placement the user chose (any clients_per_actor, client_resources) and a few actors per
-    CPU get none."""
+def test_the_default_placement_packs_and_warns_only_when_it_cannot(monkeypatch):
+    """The default placement packs 30 clients into one actor per CPU, with no warning; only
+    when it still gives far more actors than CPUs (client_resources, one actor per client)
+    does it warn (PlacementWarning naming clients_per_actor, pointing at the caller's line); a
+    placement the user chose (any clients_per_actor) and a few actors per CPU get none."""
     import warnings
 
-    from fedmcmc.engines import ray_engine
+    from fedmcmc.engines import ray_transport
     from fedmcmc.engines.ray_engine import PlacementWarning, RayTransport, placement_hint
 
-    hint = placement_hint(30, 2.0, None, None)
-    assert "30 processes" in hint and "clients_per_actor='auto'" in hint and "2 CPUs" in hint
-    assert placement_hint(8, 2.0, None, None) is None  # 4 actors per CPU: no hint
-    assert placement_hint(9, 2.0, None, None) is not None
+    pinned = [{"site": 1}] * 30
+    hint = placement_hint(30, 2.0, None, pinned)
+    assert "30 client actors" in hint and "client_resources" in hint and "2 CPUs" in hint
+    assert "clients_per_actor=1" in hint
+    assert placement_hint(8, 2.0, None, pinned) is None  # 4 actors per CPU: no hint
+    assert placement_hint(9, 2.0, None, pinned) is not None
     for chosen in ("auto", 1, 3):
-        assert placement_hint(30, 2.0, chosen, None) is None
-    assert placement_hint(30, 2.0, None, [{"site": 1}] * 30) is None
-    assert placement_hint(30, 16.0, None, None) is None
+        assert placement_hint(30, 2.0, chosen, pinned) is None
+    assert placement_hint(30, 16.0, None, pinned) is None
 
     class _Cluster:  # no Ray: the transport's choice of groups, not its actors
         @staticmethod
@@ -113,17 +116,19 @@ def test_the_default_placement_warns_when_actors_far_outnumber_the_cpus(monkeypa
         def __init__(self, specs, **kwargs):
             self.kwargs = kwargs
 
-    monkeypatch.setattr(ray_engine, "_import_ray", lambda: _Cluster)
+    monkeypatch.setattr(ray_transport, "_import_ray", lambda: _Cluster)
     specs = [(object, ())] * 30
-    with pytest.warns(PlacementWarning, match="clients_per_actor='auto'") as caught:
-        made = _Recorded.from_options(specs, {})
-    assert len(made.kwargs["groups"]) == 30
-    assert caught[0].filename == __file__  # the caller's line, not fedmcmc's
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        assert len(_Recorded.from_options(specs, {}).kwargs["groups"]) == 2  # the default
         assert len(_Recorded.from_options(specs, {"clients_per_actor": "auto"}).kwargs["groups"]) == 2
-        _Recorded.from_options(specs, {"clients_per_actor": 1})
-        _Recorded.from_options(specs[:8], {})
+        assert len(_Recorded.from_options(specs, {"clients_per_actor": 1}).kwargs["groups"]) == 30
+        _Recorded.from_options(specs, {"clients_per_actor": 1, "client_resources": pinned})
+        _Recorded.from_options(specs[:8], {"client_resources": pinned[:8]})
+    with pytest.warns(PlacementWarning, match="clients_per_actor=k") as caught:
+        made = _Recorded.from_options(specs, {"client_resources": pinned})
+    assert len(made.kwargs["groups"]) == 30
+    assert caught[0].filename == __file__  # the caller's line, not fedmcmc's
 
 
 # ----------------------------------------------------------------------------- on Ray
@@ -142,8 +147,8 @@ def _pids(result):
 def test_packed_actors_give_the_in_process_draws(local_ray, dsgld_reference):
     federation, algorithm, reference = dsgld_reference
     packed = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
-                       visit_timeout=TIMEOUT, clients_per_actor="auto", **RUN)
-    # "auto" on the fixture's 2-CPU instance: 4 clients in 2 actors of 2
+                       visit_timeout=TIMEOUT, **RUN)
+    # the default ("auto") on the fixture's 2-CPU instance: 4 clients in 2 actors of 2
     assert packed.info["ray_actors"] == [[0, 1], [2, 3]]
     pids = _pids(packed)
     assert pids[0] == pids[1] and pids[2] == pids[3] and pids[0] != pids[2]
@@ -152,7 +157,7 @@ def test_packed_actors_give_the_in_process_draws(local_ray, dsgld_reference):
     assert set(np.unique(packed.sample_stats["client"])) == {0, 1, 2, 3}
 
     separate = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="ray",
-                         visit_timeout=TIMEOUT, **RUN)  # the default: one actor per client
+                         visit_timeout=TIMEOUT, clients_per_actor=1, **RUN)  # one per client
     assert separate.info["ray_actors"] == [[0], [1], [2], [3]]
     assert len(set(_pids(separate))) == 4
     np.testing.assert_allclose(separate.flat_samples(), reference.flat_samples(), rtol=0,
@@ -288,7 +293,7 @@ def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, mo
     import signal
     import time
 
-    from fedmcmc.engines import ray_engine
+    from fedmcmc.engines import ray_actors
     from fedmcmc.engines.comm import ClientEndpoint, collect
     from fedmcmc.engines.ray_engine import RayTransport, idle_actors, release_idle_actors
 
@@ -304,7 +309,7 @@ def test_reused_actors_host_the_next_run_and_busy_or_dead_ones_end(local_ray, mo
             os._exit(1)
 
     release_idle_actors()
-    monkeypatch.setattr(ray_engine, "UNLOAD_TIMEOUT", 1.0)
+    monkeypatch.setattr(ray_actors, "UNLOAD_TIMEOUT", 1.0)
     source = functools.partial(np.zeros, (2, 1), np.float32)
     specs = [(Probe, (s, source)) for s in range(3)]
 
