@@ -232,6 +232,8 @@ class FALD(_Baseline):
         The bound of ``step_size="auto"`` on both ratios (default 0.05, the Langevin
         family's).
 
+    Notes
+    -----
     ``thin="auto"`` / ``burn_in="auto"`` (``fm.sample``): from the relaxation time
     2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
@@ -446,6 +448,8 @@ class QLSD(_Baseline):
         The bound of ``step_size="auto"`` on both ratios (default 0.05, the Langevin
         family's).
 
+    Notes
+    -----
     ``thin="auto"`` / ``burn_in="auto"`` (``fm.sample``): from the relaxation time
     2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """

@@ -66,7 +66,9 @@ def run_one(entry, ctx, reference, reference_ess, seed: int,
     sample_kwargs = dict(plan.sample_kwargs)
     seconds = ctx.budget.seconds
     if seconds is not None and getattr(plan.algorithm, "supports_resume", False):
-        total = int(sample_kwargs.get("num_samples", 0)) + int(sample_kwargs.get("burn_in", 0))
+        burn_in = sample_kwargs.get("burn_in", 0)  # "auto": resolved by the set-up, unknown here
+        total = int(sample_kwargs.get("num_samples", 0)) + (
+            burn_in if isinstance(burn_in, int) else 0)
         # the budget is checked at chunk ends: chunks of 1/250 of the run (1 draw at quick
         # size) keep the overrun small even where one draw takes a minute (Fed Boomerang under
         # client drift: 1/40 of the run let a 120 s budget run 349 s); the compiled chunk is
