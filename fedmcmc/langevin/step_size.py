@@ -233,6 +233,10 @@ def _extreme_eigenvalues(matrix) -> tuple:
     matrix = np.asarray(matrix, np.float64)
     if matrix.ndim == 1:
         return float(np.min(matrix)), float(np.max(matrix))
+    if not np.all(np.isfinite(matrix)):
+        # no eigenvalues of a matrix with inf/nan (LAPACK fails to converge): infinite, which
+        # choose_step_size turns into an error naming step_size='auto'
+        return float("nan"), float("inf")
     values = np.linalg.eigvalsh(0.5 * (matrix + matrix.T))
     return float(values[0]), float(values[-1])
 
