@@ -61,6 +61,7 @@ __all__ = [
     "affordable_relaxation",
     "resolve",
     "budget_step_size",
+    "warn_step_raised",
 ]
 
 AUTO = "auto"
@@ -274,3 +275,16 @@ def budget_step_size(step_size: float, relaxation_of, request: Optional[RunReque
     if target <= step_size:
         return step_size, None
     return float(target), reason
+
+
+def warn_step_raised(name: str, tolerance: float, exact: float, used: float, reason: str,
+                     inflation: float, relaxation: float, detail: str = "") -> None:
+    """The :class:`RunLengthWarning` of an ``"auto"`` step size the budget raised (every
+    family's): what the tolerance wanted, why and what is used, the predicted variance
+    inflation (``detail``: its parts) and the relaxation time at the step used."""
+    warnings.warn(
+        f"{name}: step_size='auto' meets the tolerance {tolerance:g} with h={exact:.3g}, "
+        f"but {reason}; h={used:.3g} is used instead, with a predicted variance inflation "
+        f"of {inflation:.3g}{detail} and {relaxation:.3g} iterations per relaxation time. "
+        f"Raise max_iterations (fm.sample) to keep h={exact:.3g}",
+        RunLengthWarning, stacklevel=user_stacklevel())

@@ -330,12 +330,8 @@ def choose_step_size(name: str, fit: Curvature, covariance, tolerance: float,
                 step_size_exact=float(exact), step_size_budget_reason=reason,
                 predicted_variance_inflation=float(inflation))
     if reason is not None:
-        warnings.warn(
-            f"{name}: step_size='auto' meets the tolerance {tolerance:g} with h={exact:.3g}, "
-            f"but {reason}; h={used:.3g} is used instead, with a predicted variance inflation "
-            f"of {inflation:.3g} and {relaxation_time(used, fit):.3g} iterations per "
-            f"relaxation time. Raise max_iterations (fm.sample) to keep h={exact:.3g}",
-            run_length.RunLengthWarning, stacklevel=user_stacklevel())
+        run_length.warn_step_raised(name, tolerance, exact, used, reason, inflation,
+                                    relaxation_time(used, fit))
     return float(used)
 
 

@@ -454,14 +454,11 @@ def resolve_step_size(step_size, tolerance, precision, covariance, name: str, in
                     step_size_exact=float(exact), step_size_budget_reason=reason,
                     predicted_variance_inflation=float(inflation))
         if reason is not None:
-            warnings.warn(
-                f"{name}: step_size='auto' meets the tolerance {tolerance:g} with h={exact:.3g}, "
-                f"but {reason}; h={used:.3g} is used instead, with a predicted variance "
-                f"inflation of {inflation:.3g} (minibatch noise {choice.minibatch_noise_ratio:.3g}, "
-                f"discretisation {choice.discretisation_ratio:.3g}) and "
-                f"{relaxation_time(used, precision):.3g} iterations per relaxation time. "
-                f"Raise max_iterations (fm.sample) to keep h={exact:.3g}",
-                run_length.RunLengthWarning, stacklevel=user_stacklevel())
+            run_length.warn_step_raised(
+                name, tolerance, exact, used, reason, inflation,
+                relaxation_time(used, precision),
+                f" (minibatch noise {choice.minibatch_noise_ratio:.3g}, discretisation "
+                f"{choice.discretisation_ratio:.3g})")
         return used
     if callable(step_size):
         return step_size
