@@ -256,6 +256,7 @@ def run_experiment(
         except (ValueError, TypeError) as error:
             raise ConfigError(f"algorithms ({label}): {error}") from None
         info = dict(result.info)
+        stitched = False
         run_interrupted = bool(info.get("interrupted"))
         if resumable and checkpointer.states is not None and (previous is not None or run_interrupted):
             # The result of a resumed run holds only its own draws: stitch the checkpointed ones.
@@ -268,11 +269,14 @@ def run_experiment(
                 info["resumed_at_draw"] = int(previous["draws_done"])
                 info.pop("start_draw", None)
             result = _result_from_arrays(experiment, result.algorithm, draws, stats, info)
+            stitched = True
         if flat_draws(result).shape[1] >= 4:
             thresholds = convergence.ConvergenceCheck.of(options.get("convergence"))
-            figures = convergence.check(result, convergence.ConvergenceCheck(
-                max_r_hat=thresholds.max_r_hat, min_ess_bulk=thresholds.min_ess_bulk,
-                min_ess_tail=thresholds.min_ess_tail, warn=False))
+            # fm.sample checked the draws it made; a run stitched to its checkpointed draws
+            # (or a diverged one, whose error skips the check) is checked here
+            figures = None if stitched else info.get("diagnostics")
+            if figures is None:
+                figures = convergence.check(result, dataclasses.replace(thresholds, warn=False))
             info["diagnostics"] = figures
             if not figures["converged"] and thresholds.warn and diverged_message is None:
                 text = convergence.message(label, result.info, figures, thresholds)
