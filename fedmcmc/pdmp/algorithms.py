@@ -357,6 +357,14 @@ class _FedPDMP(Algorithm):
                 f"thin='auto' does not apply to {self.name}: it takes a draw every "
                 "sample_interval units of process time; pass sample_interval='auto' to the "
                 f"algorithm ({self.name}(sample_interval='auto')) and thin=1")
+        if not run_length.is_auto(thin) and thin != 1:
+            # the contract: PDMPs take a draw every sample_interval, whatever thin says; a
+            # thin given is not applied, and the user is told (never silently ignored)
+            warnings.warn(
+                f"thin={thin!r} does not apply to {self.name}: it takes a draw every "
+                f"sample_interval={self.sample_interval!r} units of process time, so thin is "
+                "not applied; set the algorithm's sample_interval (a number, or 'auto') "
+                "instead", UserWarning, stacklevel=3)
         if run_length.is_auto(burn_in) and run_request is None:
             raise ValueError("burn_in='auto' needs fm.sample's run request (num_samples, chains, "
                              "max_iterations); call fm.sample, or give burn_in as an integer")

@@ -85,6 +85,17 @@ def test_given_interval_with_auto_burn_in():
     assert info["burn_in"] * 0.05 >= 5 * R * (1 - 1e-12)
 
 
+def test_an_integer_thin_is_not_applied_and_the_user_is_told():
+    # PDMPs take a draw every sample_interval (the contract); a thin the user gave is not
+    # silently dropped: the run warns and its draws are those of thin=1
+    with pytest.warns(UserWarning, match="thin=3 does not apply to FedZigZag"):
+        thinned = _sample(fm.FedZigZag(sample_interval=0.2), num_samples=10, burn_in=0, thin=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        plain = _sample(fm.FedZigZag(sample_interval=0.2), num_samples=10, burn_in=0)
+    np.testing.assert_array_equal(np.asarray(thinned.samples), np.asarray(plain.samples))
+
+
 def test_bad_input_names_the_argument():
     for bad in ("fast", 0.0, -1.0, None):
         with pytest.raises(ValueError, match="sample_interval"):
