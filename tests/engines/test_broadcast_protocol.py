@@ -143,14 +143,15 @@ def test_the_chains_are_not_held_in_step():
     in step, every draw would wait for its slowest chain), and the draws are still the
     in-process engine's."""
     algorithm = fm.FedZigZag(sample_interval=0.3)
+    # (the shapes and options of the module's other runs: their compiled programs serve)
     local = fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
-                      num_samples=40, burn_in=5, chains=4, seed=3, rate_diagnostics=False)
-    one_call = over_transport(algorithm, chains=4, rate_diagnostics=False, chunk_size=45)
+                      num_samples=40, burn_in=5, chains=2, seed=3)
+    one_call = over_transport(algorithm, chunk_size=45)
     np.testing.assert_array_equal(one_call.flat_samples(), local.flat_samples())
     per_chain = one_call.info["event_iterations_per_chain"]
     assert per_chain == local.info["event_iterations_per_chain"]
+    assert len(set(per_chain)) > 1  # chains of different lengths: the case being tested
     assert one_call.info["event_rounds_broadcast"] == max(per_chain)
-    assert one_call.info["gradient_rounds_broadcast"] == 0  # no rate diagnostics asked
 
 
 def test_a_diverged_chain_makes_no_more_rounds():

@@ -381,6 +381,7 @@ def test_engine_options_are_checked(local_ray):
                       on_draws=print, **KILL_KW)
 
 
+@pytest.mark.slow  # reuse is in the default suite through test_ray_packing's reused-actor test
 def test_later_runs_reuse_the_actors_and_give_the_same_draws(local_ray):
     """On a Ray instance that outlives the run (the default reuse_actors=True) the next run's
     clients are hosted by the previous run's actors: the same draws as new actors give; a
@@ -624,6 +625,7 @@ def test_fed_pdmp_worker_messages_are_parameter_sized(zigzag_runs):
     assert info["bytes_from_clients"] > 0 and info["bytes_to_clients"] > 0
 
 
+@pytest.mark.slow  # Fed-PDMC on Ray against the in-process draws stays in the default suite with Zig-Zag
 def test_fed_boomerang_on_ray_identical_to_in_process(local_ray):
     """Boomerang: federated Newton by messages (Laplace reference), whitened bounds computed
     by each worker, thinning on the worker: the in-process engine's draws."""
@@ -649,6 +651,7 @@ def test_fed_boomerang_on_ray_identical_to_in_process(local_ray):
                                rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.slow  # a crashed worker is in the default suite through test_broadcast_protocol and test_ray_channel
 def test_fed_pdmp_killed_worker_stop_and_drop(local_ray):
     model, federation, _, _ = pdmp_problem(4, False)
     algorithm = fm.FedZigZag(sample_interval=0.5)

@@ -49,7 +49,12 @@ def test_cars93_by_manufacturer_matches_the_exact_posterior(make):
     assert ok, figures
 
 
-@pytest.mark.parametrize("make", ALGORITHMS, ids=IDS)
+# the broken variant of every sampler; the default suite keeps Zig-Zag's and the Boomerang's
+BROKEN = [make if name in ("FedZigZag", "FedBoomerang") else pytest.param(make, marks=pytest.mark.slow)
+          for make, name in zip(ALGORITHMS, IDS)]
+
+
+@pytest.mark.parametrize("make", BROKEN, ids=IDS)
 def test_cars93_with_the_likelihood_scaled_wrong_is_rejected(make):
     ok, figures = _check(make(), 2 * NOISE_SD)
     assert not ok, figures
