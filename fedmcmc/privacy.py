@@ -5,9 +5,8 @@ A private run (``privacy=`` on ``fm.SGLD``, ``fm.DSGLD``, ``fm.FSGLD``, ``fm.FAL
 (the server, the other clients, whoever reads the draws), under the *replace-one* relation:
 two data sets are neighbours when one row of one client differs.
 
-The mechanism (one update on client s)
---------------------------------------
-Every update that touches client s's rows is, for those rows, a Gaussian mechanism on the
+**The mechanism** (one update on client s). Every update that touches client s's rows is,
+for those rows, a Gaussian mechanism on the
 sum ``S`` of the clipped per-example gradients of a minibatch of ``m_s = min(m, N_s)``
 distinct rows drawn uniformly without replacement (:mod:`fedmcmc.clipping`): each
 per-example gradient is scaled to norm at most ``C = clip_norm``, so replacing one row
@@ -28,9 +27,8 @@ the privacy, reported). Everything else in an update (the prior's gradient, give
 surrogates, the scheduler's draws) does not read the rows, and post-processing (thinning,
 averaging, quantising, the state handed on) costs nothing.
 
-The accountant
---------------
-Google's ``dp-accounting`` (``pip install "fedmcmc[privacy]"``): the Renyi-DP accountant
+**The accountant.** Google's ``dp-accounting`` (``pip install "fedmcmc[privacy]"``): the
+Renyi-DP accountant
 under ``REPLACE_ONE`` composes, per client, ``T_s`` events
 ``SampledWithoutReplacementDpEvent(N_s, m_s, GaussianDpEvent(z_s))`` (a plain
 ``GaussianDpEvent`` when ``m_s = N_s``), ``T_s`` the number of updates client s performs over
@@ -38,9 +36,8 @@ the whole run, burn-in included and summed over the chains (every intermediate s
 as released: the bound covers every draw and every message). ``epsilon`` is the RDP
 conversion at the run's ``delta``.
 
-What the library chooses
-------------------------
-``privacy=(epsilon, delta)`` (or ``Privacy(epsilon=..., delta=...)``): the smallest
+**What the library chooses.** ``privacy=(epsilon, delta)`` (or ``Privacy(epsilon=...,
+delta=...)``): the smallest
 ``z_s >= z_L`` per client whose accounted epsilon over the planned run is at most the target
 (:func:`calibrate_noise_multiplier`). ``Privacy(noise_multiplier=z)``: that noise (never
 below the Langevin floor), accounted. Both: that noise, and a run longer than the budget
