@@ -20,6 +20,8 @@ from .model import Model
 from .pdmp import FedBoomerang, FedBPS, FedZigZag
 from .reference import reference_posterior
 from .results import Result, SamplingDivergedError
+from . import privacy
+from .privacy import Privacy, PrivacyBudgetExceeded
 
 __version__ = "0.1.0"
 
@@ -29,6 +31,9 @@ __all__ = [
     "sample",
     "Result",
     "SamplingDivergedError",
+    "Privacy",
+    "PrivacyBudgetExceeded",
+    "privacy",
     "ConvergenceWarning",
     "ConvergenceCheck",
     "RunLengthWarning",

@@ -46,6 +46,9 @@ from ..engines.options import check_engine_options
 from ..engines.ray_engine import ray_transports
 from ..engines.ray_security import record_ray_authentication
 from ..results import assemble_result, divergence_details, diverged_error
+from .. import privacy as privacy_module
+from ..clipping import PrivateSteps
+from ..privacy import as_privacy
 from . import consensus, distributed, fald, qlsd, tuning
 from .common import client_likelihood_gradients, global_mode, unravel_numpy
 
@@ -77,6 +80,8 @@ class _Baseline(Algorithm):
         request = options.pop("run_request", None)  # before the run options are checked
         run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
                    chains=chains, seed=seed, progress=progress, run_request=request)
+        if getattr(self, "privacy", None) is not None:
+            return self._sample_private(model, federation, engine, run, options)
         if engine != "ray":
             return self.sample_local(model, federation, **run, **options)
         self.check_run(model.flatten(init).dim, chains, num_samples)
@@ -85,6 +90,59 @@ class _Baseline(Algorithm):
         with ray_transports(engine_options) as make_transport:
             return record_ray_authentication(self.sample_distributed(
                 model, federation, make_transport, "ray", engine_options, **run))
+
+    def _sample_private(self, model, federation, engine, run: dict, options: dict):
+        """A private run (:mod:`fedmcmc.privacy`) on the local engine: the plan of every
+        client (its Langevin floor ``_privacy_floor``), ``sample_local`` with the private
+        kernel for the draws within the budget, the accounting in ``info["privacy"]``. One
+        update per client and iteration, every chain: steps = chains (burn_in + n) thin."""
+        refuse = privacy_module.refuse
+        refuse(engine not in ("local", None), self.name,
+               f"engine={engine!r}: private runs run on engine='local' for now")
+        refuse(isinstance(self.step_size, str), self.name,
+               f"step_size={self.step_size!r} ('auto' reads the clients' rows before the "
+               "run): give a number")
+        request = run["run_request"]
+        refuse(any(isinstance(run[k], str) for k in ("thin", "burn_in"))
+               or (request is not None and request.any_auto), self.name,
+               "thin or burn_in 'auto' (they read the clients' Laplace fits): give integers")
+        refuse(not self.noise, self.name, "noise=False (no Gaussian mechanism)")
+        refuse(self.variance_reduction, self.name,
+               "variance_reduction=True (its reference point and exact gradients read the "
+               "rows outside the accounted steps)")
+        self._check_private()
+        sizes = np.asarray(federation.sizes)
+        weights = np.asarray(federation.weights, np.float64)
+        h = float(self.step_size)
+        clients = [privacy_module.ClientPlan(
+            population=int(n), sample_size=int(min(self.batch_size, n)),
+            floor=self._privacy_floor(h, int(n), int(min(self.batch_size, n)), float(f)))
+            for n, f in zip(sizes, weights)]
+        chains, thin, burn_in = run["chains"], run["thin"], run["burn_in"]
+
+        def steps_for_draws(n):
+            return [chains * (burn_in + n) * thin] * len(clients)
+
+        the_plan = privacy_module.plan(self.privacy, clients, steps_for_draws(run["num_samples"]),
+                                       "one update per client, iteration and chain")
+        steps = PrivateSteps(clip_norm=self.privacy.clip_norm, noise_inflation=device_array(
+            the_plan.noise_inflation, np.dtype(model.flatten(run["init"]).dtype)))
+
+        def sample(draws):
+            return self.sample_local(model, federation, **{**run, "num_samples": draws},
+                                     private=steps, **options)
+
+        return privacy_module.run_within_budget(
+            the_plan, name=self.name, num_samples=run["num_samples"],
+            steps_for_draws=steps_for_draws, run=sample,
+            steps_of=lambda result, draws: steps_for_draws(draws))
+
+    def _check_private(self) -> None:
+        """Settings a private run refuses beyond the shared ones; default: none."""
+
+    def _privacy_floor(self, step_size: float, rows: int, batch: int, weight: float) -> float:
+        """The noise multiplier the algorithm's own noise gives client s's update."""
+        raise NotImplementedError
 
     def check_run(self, dim: int, chains: int, num_samples: int) -> None:
         """Refuse run arguments the algorithm cannot use (``ValueError``); default: none."""
@@ -231,6 +289,13 @@ class FALD(_Baseline):
     step_size_tolerance:
         The bound of ``step_size="auto"`` on both ratios (default 0.05, the Langevin
         family's).
+    privacy, clip_norm:
+        ``(epsilon, delta)`` or :class:`fedmcmc.Privacy`, and C (default 1.0): a
+        differentially private run (:mod:`fedmcmc.privacy`): each client's local chain
+        moves by ``(h/2) (n_s / (f_s m_s)) S + sqrt(h / f_s) a_s xi``, S the clipped
+        per-example gradients of distinct rows, so its noise multiplier is
+        ``a_s m_s sqrt(f_s) / (n_s C sqrt(h))``; what it uploads is post-processing. Full
+        participation, FA-LD (not VR-FALD*), a numeric h, the local engine.
 
     Notes
     -----
@@ -244,7 +309,9 @@ class FALD(_Baseline):
 
     def __init__(self, step_size, batch_size, local_steps, participation=1.0,
                  variance_reduction=False, *, reference_point=None, mode_max_iterations=500,
-                 noise=True, step_size_tolerance=tuning.DEFAULT_TOLERANCE):
+                 noise=True, step_size_tolerance=tuning.DEFAULT_TOLERANCE, privacy=None,
+                 clip_norm=None):
+        self.privacy = as_privacy(privacy, clip_norm)
         self.step_size = _check_step_size(step_size)
         self.step_size_tolerance = _check_tolerance(step_size_tolerance)
         self.batch_size = _check_batch_size(batch_size)
@@ -269,9 +336,21 @@ class FALD(_Baseline):
         return max(1, math.ceil(self.participation * num_clients - 1e-9))
 
     def _kernel(self, flat_model, data, weights, clients_per_round, control_variates,
-                step_size):
+                step_size, private=None):
         return fald.build_kernel(flat_model, data, weights, self.batch_size, self.local_steps,
-                                 step_size, clients_per_round, control_variates, self.noise)
+                                 step_size, clients_per_round, control_variates, self.noise,
+                                 private)
+
+    def _check_private(self) -> None:
+        privacy_module.refuse(self.participation < 1.0, self.name,
+                              f"participation={self.participation} (the noise of a round "
+                              "depends on the draw of its participants): use 1.0")
+
+    def _privacy_floor(self, step_size, rows, batch, weight) -> float:
+        # sigma_s = sqrt(h / f_s), drift (h/2) (n_s / (f_s m_s)) S
+        return privacy_module.langevin_noise_multiplier(
+            math.sqrt(step_size / weight), step_size, rows / (weight * batch),
+            self.privacy.clip_norm)
 
     def resolve_settings(self, flat_model, fit, sizes, weights, request, *, thin, burn_in,
                          num_samples, chains, theta0, info) -> tuple:
@@ -300,8 +379,9 @@ class FALD(_Baseline):
         }
 
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
-                     seed, progress, run_request=None, **options):
-        """The run on the in-process engine (every client of every chain in one program)."""
+                     seed, progress, run_request=None, private=None, **options):
+        """The run on the in-process engine (every client of every chain in one program);
+        ``private``: the kernel's :class:`fedmcmc.clipping.PrivateSteps`."""
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
@@ -332,7 +412,7 @@ class FALD(_Baseline):
                              + found.evaluations * num_clients * (2 * dim + 1))
             info.update(reference_point=found.source, mode_iterations=found.iterations,
                         reference_gradient_norm=float(jnp.linalg.norm(gradient_star)))
-        step = self._kernel(flat_model, data, weights, k, control, step_size)
+        step = self._kernel(flat_model, data, weights, k, control, step_size, private)
 
         local_steps = self.local_steps
 
@@ -447,6 +527,14 @@ class QLSD(_Baseline):
     step_size_tolerance:
         The bound of ``step_size="auto"`` on both ratios (default 0.05, the Langevin
         family's).
+    privacy, clip_norm:
+        ``(epsilon, delta)`` or :class:`fedmcmc.Privacy`, and C (default 1.0): a
+        differentially private run (:mod:`fedmcmc.privacy`). The server's Langevin noise
+        moves to the clients, before quantisation: client s adds ``N(0, 4 f_s a_s^2 / h)``
+        to its H_s (clipped per-example gradients of distinct rows), its share f_s h of the
+        step's noise, so the server never sees an unnoised gradient; noise multiplier
+        ``a_s m_s sqrt(f_s) / (n_s C sqrt(h))``. QLSD (not QLSD++), a numeric h, the local
+        engine.
 
     Notes
     -----
@@ -460,7 +548,8 @@ class QLSD(_Baseline):
 
     def __init__(self, step_size, batch_size, bits=8, variance_reduction=False, *,
                  reference_every=None, memory_rate=None, noise=True,
-                 step_size_tolerance=tuning.DEFAULT_TOLERANCE):
+                 step_size_tolerance=tuning.DEFAULT_TOLERANCE, privacy=None, clip_norm=None):
+        self.privacy = as_privacy(privacy, clip_norm)
         self.step_size = _check_step_size(step_size)
         self.step_size_tolerance = _check_tolerance(step_size_tolerance)
         self.batch_size = _check_batch_size(batch_size)
@@ -494,12 +583,17 @@ class QLSD(_Baseline):
             1.0 + qlsd.variance_bound(levels, dim))
         return levels, every, rate
 
-    def _kernel(self, flat_model, data, weights, levels, every, rate, step_size):
+    def _kernel(self, flat_model, data, weights, levels, every, rate, step_size, private=None):
         if self.variance_reduction:
             return qlsd.build_kernel_plus_plus(flat_model, data, weights, self.batch_size,
                                                step_size, levels, every, rate, self.noise)
         return qlsd.build_kernel(flat_model, data, weights, self.batch_size, step_size,
-                                 levels, self.noise)
+                                 levels, self.noise, private)
+
+    def _privacy_floor(self, step_size, rows, batch, weight) -> float:
+        # client s's share f_s h of the step's noise variance, drift (h/2) (n_s / m_s) S
+        return privacy_module.langevin_noise_multiplier(
+            math.sqrt(weight * step_size), step_size, rows / batch, self.privacy.clip_norm)
 
     def resolve_settings(self, flat_model, fit, sizes, weights, request, *, thin, burn_in,
                          num_samples, chains, theta0, info) -> tuple:
@@ -531,8 +625,9 @@ class QLSD(_Baseline):
         return info
 
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
-                     seed, progress, run_request=None, **options):
-        """The run on the in-process engine (every client of every chain in one program)."""
+                     seed, progress, run_request=None, private=None, **options):
+        """The run on the in-process engine (every client of every chain in one program);
+        ``private``: the kernel's :class:`fedmcmc.clipping.PrivateSteps`."""
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
@@ -546,7 +641,7 @@ class QLSD(_Baseline):
             run_request, thin=thin, burn_in=burn_in, num_samples=num_samples, chains=chains,
             theta0=theta0, info=resolved)
         levels, every, rate = self.quantisation_settings(federation, dim)
-        step = self._kernel(flat_model, data, weights, levels, every, rate, step_size)
+        step = self._kernel(flat_model, data, weights, levels, every, rate, step_size, private)
         variance_reduction = self.variance_reduction
 
         def initial_states(theta):

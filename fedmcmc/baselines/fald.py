@@ -72,6 +72,7 @@ import numpy as np
 
 from .. import rng
 from ..arrays import device_array
+from ..clipping import distinct_row_uniforms
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 from .common import batch_likelihood_gradients, client_rows
@@ -209,12 +210,17 @@ def build_kernel(
     clients_per_round: Optional[int] = None,
     control_variates: Optional[ControlVariates] = None,
     noise: bool = True,
+    private=None,
 ) -> Callable:
     """One FA-LD iteration ``step(key, state) -> state`` (see the module docstring).
 
     ``clients_per_round``: ``None`` for full participation, else K (scheme I).
-    ``control_variates``: ``None`` for FA-LD, else VR-FALD*'s reference.
+    ``control_variates``: ``None`` for FA-LD, else VR-FALD*'s reference. ``private``: a
+    :class:`fedmcmc.clipping.PrivateSteps` (:mod:`fedmcmc.privacy`): clipped per-example
+    gradients of distinct rows, client s's noise sigma_s times ``noise_inflation[s]``.
     """
+    if private is not None:
+        flat_model = private.model(flat_model)
     num_clients = int(weights.shape[0])
     dtype = flat_model.dtype
     f = jnp.asarray(weights, dtype)
@@ -244,9 +250,13 @@ def build_kernel(
         key_round, key_batch, key_noise = iteration_keys(key)
         state = jax.lax.cond(state.iteration % local_steps == 0, new_round,
                              lambda k, s: s, key_round, state)
-        picked = client_rows(rng.uniform(key_batch, (num_clients, batch_size)), data,
-                             may_be_smaller)
+        uniforms = rng.uniform(key_batch, (num_clients, batch_size))
+        if private is not None:
+            uniforms = jax.vmap(distinct_row_uniforms)(uniforms, data.sizes)
+        picked = client_rows(uniforms, data, may_be_smaller)
         xi = rng.normal(key_noise, state.local.shape, dtype) if noise else None
+        if private is not None and xi is not None:
+            xi = xi * private.noise_inflation[:, None]
         moved = local_move(state.local, directions(state.local, picked), h,
                            state.noise_scale[:, None], xi, (state.coefficient > 0)[:, None])
         return state._replace(local=moved, iteration=state.iteration + 1)

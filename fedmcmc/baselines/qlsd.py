@@ -62,6 +62,7 @@ from .. import rng
 from ..arrays import device_array
 from ..federation import ConcatenatedData
 from ..model import FlatModel
+from ..clipping import distinct_row_uniforms
 from .common import batch_likelihood_gradients, client_likelihood_gradients, client_rows
 
 __all__ = [
@@ -198,23 +199,40 @@ def build_kernel(
     step_size: float,
     levels: Optional[int],
     noise: bool = True,
+    private=None,
 ) -> Callable:
-    """One QLSD iteration for one chain: theta + (h/2) sum_s C(H_s(theta)) + sqrt(h) xi."""
+    """One QLSD iteration for one chain: theta + (h/2) sum_s C(H_s(theta)) + sqrt(h) xi.
+
+    ``private``: a :class:`fedmcmc.clipping.PrivateSteps` (:mod:`fedmcmc.privacy`). The
+    Langevin noise then moves to the clients, before quantisation: client s sends
+    C(H_s + 2 sqrt(f_s / h) a_s xi_s), H_s from clipped per-example gradients of distinct
+    rows, a_s = ``noise_inflation[s]``; the server adds none. With every a_s = 1 the noise
+    reaching theta, (h/2)^2 sum_s 4 f_s / h = h, is exactly the Langevin step's.
+    """
+    if private is not None:
+        flat_model = private.model(flat_model)
     p = _pieces(flat_model, data, weights, batch_size)
     h = device_array(step_size, flat_model.dtype)
+    if private is not None:
+        client_noise = 2.0 * jnp.sqrt(p.f / step_size) * private.noise_inflation
 
     def step(key: jax.Array, state: QLSDState) -> QLSDState:
         key_batch, key_quant, key_noise = iteration_keys(key)
         theta = state.position
-        picked = client_rows(rng.uniform(key_batch, (p.num_clients, batch_size)), data,
-                             p.may_be_smaller)
+        uniforms = rng.uniform(key_batch, (p.num_clients, batch_size))
+        if private is not None:
+            uniforms = jax.vmap(distinct_row_uniforms)(uniforms, data.sizes)
+        picked = client_rows(uniforms, data, p.may_be_smaller)
         positions = jnp.broadcast_to(theta, (p.num_clients,) + theta.shape)
         gradients = client_gradient(flat_model.grad_log_prior(theta)[None, :],
                                     p.likelihood_gradients(positions, picked), p.f[:, None])
+        if private is not None:
+            gradients = gradients + client_noise[:, None] * rng.normal(
+                key_noise, gradients.shape, gradients.dtype)
         uniforms = rng.uniform(key_quant, gradients.shape)
         sent = jax.vmap(lambda u, v: quantize(u, v, levels))(uniforms, gradients)
         return QLSDState(position=langevin_move(theta, jnp.sum(sent, axis=0), h, key_noise,
-                                                noise),
+                                                noise and private is None),
                          iteration=state.iteration + 1)
 
     return step

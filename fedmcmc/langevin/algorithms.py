@@ -31,6 +31,9 @@ from ..federation import ConcatenatedData
 from ..model import unravel_draws_numpy
 from ..results import Result, assemble_result, divergence_details, diverged_error
 from .. import surrogates as surrogate_module
+from .. import privacy as privacy_module
+from ..privacy import as_privacy, run_within_budget
+from . import private
 from . import dsgld, fsgld, sgld
 from . import step_size as step_size_module
 from . import estimators
@@ -265,16 +268,24 @@ class SGLD(_LangevinAlgorithm):
     batch_size:
         Minibatch size m, drawn uniformly with replacement from all N examples; an upper
         bound: with m >= N every example is used once (the exact gradient).
+    privacy:
+        ``(epsilon, delta)`` or :class:`fedmcmc.Privacy`: a differentially private run
+        (:mod:`fedmcmc.privacy`; the pooled rows as one mechanism, per-example gradients
+        clipped, m distinct rows per step); ``result.info["privacy"]`` says what it spent.
+    clip_norm:
+        With ``privacy``: C, the bound on every per-example gradient's norm (default 1.0).
     """
 
     name = "SGLD"
 
     def __init__(self, step_size, batch_size: int, *, noise: bool = True,
-                 step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE):
+                 step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
+                 privacy: Any = None, clip_norm: Optional[float] = None):
         self.step_size = _check_step_size(step_size)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.noise = bool(noise)
         self.step_size_tolerance = _check_tolerance(step_size_tolerance)
+        self.privacy = as_privacy(privacy, clip_norm)
 
     #: ``fm.sample`` passes ``run_request``: thin / burn_in "auto", the budget of "auto" h
     supports_run_request = True
@@ -282,6 +293,8 @@ class SGLD(_LangevinAlgorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         request = _run_request(options, num_samples, burn_in, thin, chains)
+        if self.privacy is not None:
+            private.check_settings(self, engine, request)
         run_options = split_run_options(options, "SGLD")
         flat_model = model.flatten(init)
         data = federation.concatenated()
@@ -296,25 +309,39 @@ class SGLD(_LangevinAlgorithm):
                                    request)
         thin, burn_in = _resolve_run_length(request, step_size, center, precision, theta0,
                                             self.name, info)
+        steps = None
+        if self.privacy is not None:
+            the_plan, steps_for_draws = private.sgld_plan(
+                self.privacy, int(np.sum(federation.sizes)), self.batch_size, float(step_size),
+                chains, thin, burn_in, federation.num_clients, num_samples)
+            steps = private.private_steps(the_plan, flat_model.dtype)
         step = sgld.build_kernel(
-            flat_model, data, self.batch_size, as_schedule(step_size), self.noise
-        )
-        return self._run(
-            step=step,
-            initial_state=sgld.init(flat_model.ravel(init)),
-            flat_model=flat_model,
-            federation=federation,
-            num_samples=num_samples,
-            burn_in=burn_in,
-            thin=thin,
-            chains=chains,
-            seed=seed,
-            progress=progress,
-            label="SGLD",
-            info=info,
-            client_aware=False,
-            run_options=run_options,
-        )
+            flat_model, data, self.batch_size, as_schedule(step_size), self.noise,
+            private=steps)
+
+        def run(draws):
+            return self._run(
+                step=step,
+                initial_state=sgld.init(flat_model.ravel(init)),
+                flat_model=flat_model,
+                federation=federation,
+                num_samples=draws,
+                burn_in=burn_in,
+                thin=thin,
+                chains=chains,
+                seed=seed,
+                progress=progress,
+                label="SGLD",
+                info=info,
+                client_aware=False,
+                run_options=run_options,
+            )
+
+        if self.privacy is None:
+            return run(num_samples)
+        return run_within_budget(
+            the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
+            run=run, steps_of=lambda result, draws: steps_for_draws(draws))
 
 
     @staticmethod
@@ -381,6 +408,13 @@ class DSGLD(_LangevinAlgorithm):
         allows at least 1.25x the step size of ``"proportional"``, else the latter; with a
         numeric h, ``"proportional"``. Weights the user gave the federation are always used
         as given.
+    privacy:
+        ``(epsilon, delta)`` or :class:`fedmcmc.Privacy`: a differentially private run
+        (:mod:`fedmcmc.privacy`, :mod:`fedmcmc.langevin.private`): each client's rows
+        protected from everyone its chain state reaches, per-example gradients clipped,
+        ``result.info["privacy"]`` per client. Needs a numeric h and the local engine.
+    clip_norm:
+        With ``privacy``: C, the bound on every per-example gradient's norm (default 1.0).
     """
 
     name = "DSGLD"
@@ -391,7 +425,9 @@ class DSGLD(_LangevinAlgorithm):
 
     def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True,
                  step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
-                 control_variates: Any = None, client_selection: Optional[str] = None):
+                 control_variates: Any = None, client_selection: Optional[str] = None,
+                 privacy: Any = None, clip_norm: Optional[float] = None):
+        self.privacy = as_privacy(privacy, clip_norm)
         self.step_size = _check_step_size(step_size)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.local_steps = check_positive_int(local_steps, "local_steps")
@@ -465,10 +501,11 @@ class DSGLD(_LangevinAlgorithm):
     def _check_selection(self, federation) -> None:
         step_size_module.check_selection(self.client_selection, federation.weights_given)
 
-    def _kernel(self, flat_model, data, weights, settings: _Settings):
+    def _kernel(self, flat_model, data, weights, settings: _Settings, private=None):
         return dsgld.build_kernel(
             flat_model, data, _weights_of(settings, weights), self.batch_size, self.local_steps,
             as_schedule(settings.step_size), self.noise, control_variates=settings.variates,
+            private=private,
         )
 
     def _check_auto_surrogate(self) -> None:
@@ -529,6 +566,9 @@ class DSGLD(_LangevinAlgorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         request = _run_request(options, num_samples, burn_in, thin, chains)
+        if self.privacy is not None:
+            private.check_settings(self, engine, request)
+            self._check_private()
         if engine == "ray":
             info = {"step_size": describe_step_size(self.step_size),
                     "batch_size": self.batch_size}
@@ -570,26 +610,54 @@ class DSGLD(_LangevinAlgorithm):
             "local_steps": self.local_steps,
             "num_clients": federation.num_clients,
         }
-        settings = self._resolve(flat_model, federation, data, weights, setup_key(seed), theta0,
-                                 info, request)
+        if self.privacy is None:
+            settings = self._resolve(flat_model, federation, data, weights, setup_key(seed),
+                                     theta0, info, request)
+        else:
+            settings = self._private_settings(flat_model, federation, theta0, info)
         thin, burn_in = self._run_length(request, settings, theta0, info)
-        step = self._kernel(flat_model, data, weights, settings)
-        return self._run(
-            step=step,
-            initial_state=dsgld.init(theta0, federation.num_clients),
-            flat_model=flat_model,
-            federation=federation,
-            num_samples=num_samples,
-            burn_in=burn_in,
-            thin=thin,
-            chains=chains,
-            seed=seed,
-            progress=progress,
-            label=self.name,
-            info=info,
-            client_aware=True,
-            run_options=run_options,
-        )
+        steps = None
+        if self.privacy is not None:
+            the_plan, steps_for_draws = private.federated_plan(
+                self.privacy, np.asarray(federation.sizes), np.asarray(federation.weights),
+                self.batch_size, float(settings.step_size), self.local_steps, chains, thin,
+                burn_in, num_samples)
+            steps = private.private_steps(the_plan, flat_model.dtype)
+        step = self._kernel(flat_model, data, weights, settings, private=steps)
+
+        def run(draws):
+            return self._run(
+                step=step,
+                initial_state=dsgld.init(theta0, federation.num_clients),
+                flat_model=flat_model,
+                federation=federation,
+                num_samples=draws,
+                burn_in=burn_in,
+                thin=thin,
+                chains=chains,
+                seed=seed,
+                progress=progress,
+                label=self.name,
+                info=info,
+                client_aware=True,
+                run_options=run_options,
+            )
+
+        if self.privacy is None:
+            return run(num_samples)
+        # accounted as made: local_steps for every visit a chain started
+        return run_within_budget(
+            the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
+            run=run, steps_of=lambda result, draws: [
+                v * self.local_steps for v in result.info["visits_per_client"]])
+
+    def _check_private(self) -> None:
+        """Settings a private run refuses beyond the family's (FSGLD: fitted surrogates)."""
+
+    def _private_settings(self, flat_model, federation, theta0, info) -> "_Settings":
+        """A private run's settings: the given h and the federation's f_s (nothing read from
+        the rows before the run; :func:`.private.check_settings` refused the rest)."""
+        return _Settings(step_size=self.step_size)
 
     def _run_length(self, request, settings: _Settings, theta0, info) -> tuple:
         """thin and burn_in from the resolved settings (:func:`_resolve_run_length`)."""
@@ -637,6 +705,9 @@ class FSGLD(DSGLD):
     step_size_tolerance, control_variates, client_selection:
         As for :class:`DSGLD` (the noise they measure is that of FSGLD's estimator,
         conducive gradient included).
+    privacy, clip_norm:
+        As for :class:`DSGLD`; a private FSGLD needs precomputed surrogates
+        ``(precision, shift)`` (treated as public) and ``trust_radius=None``.
 
     Far from the surrogates' modes
     ------------------------------
@@ -679,10 +750,13 @@ class FSGLD(DSGLD):
         step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
         control_variates: Any = None,
         client_selection: Optional[str] = None,
+        privacy: Any = None,
+        clip_norm: Optional[float] = None,
     ):
         super().__init__(step_size, batch_size, local_steps, noise=noise,
                          step_size_tolerance=step_size_tolerance,
-                         control_variates=control_variates, client_selection=client_selection)
+                         control_variates=control_variates, client_selection=client_selection,
+                         privacy=privacy, clip_norm=clip_norm)
         if isinstance(surrogate, str):
             if surrogate not in ("exact", "laplace", "sgld"):
                 raise ValueError(
@@ -790,13 +864,35 @@ class FSGLD(DSGLD):
         h = step_size if not callable(step_size) else float(step_size(0))
         return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace)
 
-    def _kernel(self, flat_model, data, weights, settings: _Settings):
+    def _kernel(self, flat_model, data, weights, settings: _Settings, private=None):
         return fsgld.build_kernel(
             flat_model, data, _weights_of(settings, weights), self.batch_size, self.local_steps,
             as_schedule(settings.step_size), settings.surrogates, settings.global_surrogate,
             fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise,
-            settings.trust_region, control_variates=settings.variates,
+            settings.trust_region, control_variates=settings.variates, private=private,
         )
+
+    def _check_private(self) -> None:
+        refuse = privacy_module.refuse
+        refuse(isinstance(self.surrogate, str), self.name,
+               f"surrogate={self.surrogate!r}: surrogates fitted from the clients' rows are "
+               "released once, outside the accounted steps; give precomputed (precision, "
+               "shift) (e.g. from public data), which the accountant treats as public")
+        refuse(self.trust_radius is not None, self.name,
+               f"trust_radius={self.trust_radius!r}: the trust region's damping reads the "
+               "minibatch gradient (the update is then no Gaussian mechanism on the clipped "
+               "sum); give trust_radius=None")
+
+    def _private_settings(self, flat_model, federation, theta0, info) -> "_Settings":
+        """The given surrogates and h; no trust region, no control variates (refused)."""
+        surrogates = surrogate_module.as_surrogates(self.surrogate, flat_model.dim,
+                                                    federation.num_clients)
+        info.update(surrogate="given", surrogate_diagonal=surrogates.diagonal, alpha=self.alpha,
+                    alpha_warmup=self.alpha_warmup, trust_radius=None,
+                    surrogate_messages=2 * federation.num_clients,
+                    surrogate_floats=2 * federation.num_clients * surrogates.floats_per_client)
+        return _Settings(step_size=self.step_size, surrogates=surrogates,
+                         global_surrogate=surrogate_module.product(surrogates))
 
     def handoff_protocol(self, settings: Optional["_Settings"] = None,
                          run_request: Optional[run_length.RunRequest] = None) -> FSGLDProtocol:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..arrays import device_array
+from ..clipping import distinct_row_uniforms
 from ..federation import ConcatenatedData
 from ..model import FlatModel
 from ..minibatch import some_client_smaller
@@ -113,6 +114,7 @@ def build_federated_kernel(
     noise: bool = True,
     dim: int = None,
     dtype=jnp.float32,
+    private=None,
 ):
     """One update (3) of a chain handed between clients, as a :class:`~.sgld.LangevinStep`
     (``step(key, state)``, or ``noise``/``prepare``/``apply`` for blocks of updates).
@@ -121,6 +123,9 @@ def build_federated_kernel(
     ``apply`` is the update itself, on the client it is given.
     ``estimator(theta, minibatch, client, iteration)`` returns the
     gradient estimate v_s(theta) (+ g_s for FSGLD); ``dim``/``dtype``: the flat parameter's.
+    ``private``: a :class:`fedmcmc.clipping.PrivateSteps`: minibatches of distinct rows and the
+    noise of an update on client s times ``noise_inflation[s]`` (the estimator must be built
+    on the clipped model, :meth:`~fedmcmc.clipping.PrivateSteps.model`).
     """
     if dim is None:
         raise ValueError("dim (the flat parameter's length) is required")
@@ -139,11 +144,15 @@ def build_federated_kernel(
         return inputs, state._replace(client=client, visits=visits)
 
     def apply(inputs: VisitInputs, state: FederatedChainState) -> FederatedChainState:
-        minibatch = minibatch_from_uniforms(inputs.batch, data, inputs.client, may_be_smaller)
+        uniforms, normal = inputs.batch, inputs.normal
+        if private is not None:
+            uniforms = distinct_row_uniforms(uniforms, data.sizes[inputs.client])
+            normal = normal * private.noise_inflation[inputs.client]
+        minibatch = minibatch_from_uniforms(uniforms, data, inputs.client, may_be_smaller)
         gradient = estimator(state.position, minibatch, inputs.client, state.iteration)
         h = schedule(state.iteration)
         if noise:
-            position = langevin_move(state.position, gradient, h, inputs.normal)
+            position = langevin_move(state.position, gradient, h, normal)
         else:
             position = state.position + 0.5 * h * gradient
         return state._replace(position=position, iteration=state.iteration + 1)
@@ -164,13 +173,18 @@ def build_kernel(
     noise: bool = True,
     weight_scaling: Optional[jax.Array] = None,
     control_variates: Optional[ControlVariates] = None,
+    private=None,
 ):
     """DSGLD: the estimator (4) inside the client-visiting chain.
 
     ``weight_scaling`` replaces the 1/f_s factor's f_s (a deliberately wrong
     variant for tests; leave ``None``). ``control_variates``: the estimator of
-    :func:`~.estimators.dsgld_gradient_with_control_variates` instead of (4).
+    :func:`~.estimators.dsgld_gradient_with_control_variates` instead of (4). ``private``:
+    a :class:`fedmcmc.clipping.PrivateSteps` (clipped per-example gradients, distinct rows,
+    inflated noise; :mod:`fedmcmc.privacy`).
     """
+    if private is not None:
+        flat_model = private.model(flat_model)
     weights_in_estimator = client_weights if weight_scaling is None else weight_scaling
 
     def estimator(theta, minibatch, client, iteration):
@@ -182,5 +196,5 @@ def build_kernel(
 
     return build_federated_kernel(
         estimator, data, client_weights, batch_size, local_steps, schedule, noise,
-        flat_model.dim, flat_model.dtype,
+        flat_model.dim, flat_model.dtype, private,
     )

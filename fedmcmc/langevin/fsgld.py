@@ -128,6 +128,7 @@ def build_kernel(
     noise: bool = True,
     trust_region: Optional[TrustRegion] = None,
     control_variates: Optional[ControlVariates] = None,
+    private=None,
 ):
     """The FSGLD update (5) with the exploration constant alpha of equation (7).
 
@@ -136,7 +137,10 @@ def build_kernel(
     precomputed as affine maps (``estimators.conducive_terms``): one matrix-vector product
     per step, whatever the number of clients. ``control_variates``: equation (4)'s part
     with control variates (``estimators.dsgld_gradient_with_control_variates``).
+    ``private``: a :class:`fedmcmc.clipping.PrivateSteps` (:mod:`fedmcmc.privacy`).
     """
+    if private is not None:
+        flat_model = private.model(flat_model)
     terms = conducive_terms(surrogates, global_surrogate, client_weights)
     if trust_region is not None and isinstance(trust_region.radius, (float, int, np.number)):
         # the radius as a device array, not a Python float: it comes from the data, and as an
@@ -161,7 +165,7 @@ def build_kernel(
 
     return build_federated_kernel(
         estimator, data, client_weights, batch_size, local_steps, schedule, noise,
-        flat_model.dim, flat_model.dtype,
+        flat_model.dim, flat_model.dtype, private,
     )
 
 

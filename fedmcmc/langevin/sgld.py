@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import rng
 from ..arrays import device_array
+from ..clipping import distinct_row_uniforms
 from ..federation import ConcatenatedData
 from ..minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
@@ -111,12 +112,15 @@ def build_kernel(
     batch_size: int,
     schedule: Callable,
     noise: bool = True,
+    private=None,
 ):
     """SGLD on the pooled data (the centralised baseline).
 
     Equation (2): v(theta) = grad log p(theta) + (N/m) grad log p(x^(m) | theta),
     the minibatch drawn uniformly (with replacement) from all N examples;
     ``batch_size >= N`` uses every example once (the exact gradient; :mod:`fedmcmc.minibatch`).
+    ``private``: a :class:`fedmcmc.clipping.PrivateSteps` (:mod:`fedmcmc.privacy`): clipped
+    per-example gradients, distinct rows, the noise times ``noise_inflation[0]``.
     """
     # N, on the host (the sizes are concrete when the kernel is built), as the int32 it was
     total = np.asarray(data.sizes).sum(dtype=np.int32)
@@ -130,13 +134,21 @@ def build_kernel(
     # data is the full-data gradient (every row once)
     may_be_smaller = some_client_smaller([total], batch_size)
 
+    if private is not None:
+        flat_model = private.model(flat_model)
+
     def apply(random: StepNoise, state: SGLDState) -> SGLDState:
-        minibatch = take_minibatch(random.batch, data.data, 0, total, may_be_smaller)
+        normal = random.normal
+        uniforms = random.batch
+        if private is not None:
+            uniforms = distinct_row_uniforms(uniforms, total)
+            normal = normal * private.noise_inflation[0]
+        minibatch = take_minibatch(uniforms, data.data, 0, total, may_be_smaller)
         theta = state.position
         gradient = flat_model.grad_log_prior(theta) + likelihood_gradient(flat_model, theta, minibatch)
         h = schedule(state.iteration)
         if noise:
-            position = langevin_move(theta, gradient, h, random.normal)
+            position = langevin_move(theta, gradient, h, normal)
         else:
             position = theta + 0.5 * h * gradient
         return SGLDState(position=position, iteration=state.iteration + 1)

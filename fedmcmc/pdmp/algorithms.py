@@ -816,6 +816,10 @@ class _FedPDMP(Algorithm):
         )
         if cfg.prior_worker:
             info["prior_bound_violations"] = int(st.violations.sum(axis=0)[M])
+        if self.privacy is not None:
+            # every event round each worker sends one proposed time (Theorem 5.1 per time)
+            info["privacy"] = privacy_module.composed_report(
+                self.privacy[0], self.privacy[1], self.sensitivity, self.rho, [iterations] * M)
         if cfg.rate_diagnostics:
             # means over every kept draw of the run (also of a resumed one: the sums are state)
             count = sums.rate_count.sum(axis=0)

@@ -1,0 +1,193 @@
+"""Differential privacy of a whole run (issue 47; fedmcmc.privacy, fedmcmc.clipping)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedmcmc as fm
+from fedmcmc import clipping, privacy
+
+dp_accounting = pytest.importorskip("dp_accounting")
+pytestmark = pytest.mark.filterwarnings("ignore::fedmcmc.ConvergenceWarning")
+from dp_accounting import rdp  # noqa: E402
+from dp_accounting.rdp import rdp_privacy_accountant  # noqa: E402
+
+
+def _regression(num_clients=3, rows=60, seed=0):
+    rng = np.random.default_rng(seed)
+    clients = []
+    for _ in range(num_clients):
+        x = rng.normal(size=(rows, 2)).astype(np.float32)
+        y = (x @ np.array([1.0, -1.0]) + rng.normal(size=rows)).astype(np.float32)
+        clients.append({"x": x, "y": y})
+    model = fm.Model(log_prior=lambda p: -0.5 * jnp.sum(p ** 2),
+                     log_likelihood=lambda p, e: -0.5 * (e["y"] - e["x"] @ p) ** 2)
+    return model, fm.Federation(clients)
+
+
+def test_one_gaussian_mechanism_matches_the_closed_form():
+    """Full batch, T steps of noise multiplier z: RDP T alpha / (2 z^2) at every order, and
+    epsilon its conversion; also below the classic bound min_a RDP + log(1/delta)/(a-1)."""
+    z, delta = 1.7, 1e-5
+    for steps in (1, 50):
+        reported = privacy.epsilon_of_steps(z, 100, 100, steps, delta)
+        orders = np.asarray(privacy.RDP_ORDERS)
+        closed = steps * orders / (2 * z ** 2)
+        expected = rdp_privacy_accountant.compute_epsilon(list(orders), closed, delta)[0]
+        assert reported == pytest.approx(expected, rel=1e-9)
+        classic = np.min(closed + math.log(1 / delta) / (orders - 1))
+        assert reported <= classic
+    # a larger noise spends less, more steps spend more
+    assert privacy.epsilon_of_steps(2 * z, 100, 100, 50, delta) < reported
+    assert privacy.epsilon_of_steps(z, 100, 100, 100, delta) > reported
+
+
+def test_a_private_dsgld_run_reports_dp_accountings_epsilon_for_its_events():
+    model, fed = _regression(num_clients=3, rows=60)
+    h, m, local_steps, clip, z = 1e-3, 10, 5, 2.0, 1.3
+    algorithm = fm.DSGLD(step_size=h, batch_size=m, local_steps=local_steps,
+                         privacy=fm.Privacy(noise_multiplier=z, clip_norm=clip, delta=1e-5))
+    result = fm.sample(model, fed, algorithm=algorithm, init=jnp.zeros(2), num_samples=40,
+                       burn_in=10, thin=2, chains=2, seed=3)
+    info = result.info["privacy"]
+    weights = np.asarray(fed.weights, np.float64)
+    assert info["steps"] == [v * local_steps for v in result.info["visits_per_client"]]
+    assert sum(info["steps"]) >= 2 * 50 * 2  # every update of both chains counted
+    for s, (rows, f) in enumerate(zip(np.asarray(fed.sizes), weights)):
+        floor = f * m / (rows * clip * math.sqrt(h))  # z_L = w_s m_s / (N_s C sqrt(h))
+        assert info["langevin_noise_multiplier"][s] == pytest.approx(floor, rel=1e-9)
+        assert info["noise_multiplier"][s] == pytest.approx(max(z, floor))
+        accountant = rdp.RdpAccountant(list(privacy.RDP_ORDERS),
+                                       dp_accounting.NeighboringRelation.REPLACE_ONE)
+        accountant.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.SampledWithoutReplacementDpEvent(
+                int(rows), m, dp_accounting.GaussianDpEvent(info["noise_multiplier"][s])),
+            info["steps"][s]))
+        assert info["epsilon"][s] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+    assert info["delta"] == 1e-5 and info["clip_norm"] == clip
+
+
+def test_a_calibrated_run_meets_its_budget_and_no_less_noise_would():
+    model, fed = _regression(num_clients=2, rows=50)
+    target, delta = 0.3, 1e-5
+    algorithm = fm.SGLD(step_size=1e-3, batch_size=10, privacy=(target, delta))
+    result = fm.sample(model, fed, algorithm=algorithm, init=jnp.zeros(2), num_samples=60,
+                       burn_in=20, thin=1, chains=2, seed=0)
+    info = result.info["privacy"]
+    assert len(info["epsilon"]) == fed.num_clients
+    assert max(info["epsilon"]) <= target
+    assert info["steps"] == [2 * 80] * 2 and info["noise_chosen_by"] == "calibrated"
+    z = info["noise_multiplier"][0]
+    assert z > info["langevin_noise_multiplier"][0]  # the budget needed more noise
+    assert info["noise_inflation"][0] == pytest.approx(z / info["langevin_noise_multiplier"][0])
+    # within the bisection's 1% of the least noise that meets the budget
+    less = privacy.epsilon_of_steps(z / 1.011, 100, 10, 160, delta)
+    assert less > target
+
+
+def test_the_budget_stop_keeps_the_draws_within_it():
+    model, fed = _regression(num_clients=2, rows=50)
+    z, num_samples, burn_in = 5.0, 200, 10  # above the Langevin floor 3.16 of h = 1e-3
+    full = privacy.epsilon_of_steps(z, 100, 10, 2 * (burn_in + num_samples), 1e-5)
+    budget = 0.6 * full
+    algorithm = fm.SGLD(step_size=1e-3, batch_size=10, privacy=fm.Privacy(
+        epsilon=budget, noise_multiplier=z, clip_norm=1.0))
+    with pytest.raises(fm.PrivacyBudgetExceeded, match="error.result") as caught:
+        fm.sample(model, fed, algorithm=algorithm, init=jnp.zeros(2), num_samples=num_samples,
+                  burn_in=burn_in, thin=1, chains=2, seed=0)
+    kept = caught.value.result
+    draws = kept.info["privacy"]["draws_within_budget"]
+    assert 0 < draws < num_samples
+    assert np.shape(kept.samples)[:2] == (2, draws)
+    assert max(kept.info["privacy"]["epsilon"]) <= budget
+    # one more draw would have overspent
+    assert privacy.epsilon_of_steps(z, 100, 10, 2 * (burn_in + draws + 1), 1e-5) > budget
+
+
+def test_clipping_bounds_one_rows_influence_and_switching_it_off_is_refused():
+    model, _ = _regression()
+    flat = model.flatten(jnp.zeros(2))
+    clip = 1.5
+    rng = np.random.default_rng(1)
+    batch = {"x": rng.normal(size=(8, 2)).astype(np.float32),
+             "y": rng.normal(size=8).astype(np.float32)}
+    outlier = {"x": batch["x"].copy(), "y": batch["y"].copy()}
+    outlier["x"][3], outlier["y"][3] = 40.0, -500.0  # one row replaced by an extreme one
+    theta = jnp.asarray([0.3, -0.2])
+
+    def influence(flat_model):
+        return float(jnp.linalg.norm(flat_model.grad_log_likelihood_sum(theta, batch)
+                                     - flat_model.grad_log_likelihood_sum(theta, outlier)))
+
+    assert influence(clipping.clipped(flat, clip)) <= 2 * clip * (1 + 1e-5)
+    assert influence(flat) > 2 * clip  # the broken variant (no clipping) fails the same check
+    with pytest.raises(ValueError, match="clipping switched off"):
+        privacy.langevin_noise_multiplier(1e-2, 1e-4, 10.0, math.inf)
+    model, fed = _regression(num_clients=2, rows=20)
+    with pytest.raises(ValueError, match="unbounded"):
+        fm.sample(model, fed, algorithm=fm.SGLD(1e-3, 10, privacy=(1.0, 1e-5),
+                                                clip_norm=math.inf),
+                  init=jnp.zeros(2), num_samples=5, chains=1)
+
+
+def test_distinct_rows_are_a_uniform_subset():
+    m, size, trials = 2, 5, 20000
+    uniforms = jax.random.uniform(jax.random.PRNGKey(0), (trials, m))
+    spread = jax.vmap(lambda u: clipping.distinct_row_uniforms(u, size))(uniforms)
+    rows = np.sort(np.floor(np.asarray(spread) * size).astype(int), axis=1)
+    assert np.all(rows[:, 0] < rows[:, 1])
+    codes = rows[:, 0] * size + rows[:, 1]
+    _, counts = np.unique(codes, return_counts=True)
+    assert counts.size == math.comb(size, m)
+    expected = trials / counts.size
+    chi2 = np.sum((counts - expected) ** 2 / expected)
+    assert chi2 < 27.9  # chi-square with 9 degrees of freedom, p = 0.001
+    # a client with no more rows than the batch keeps the rule's uniforms (every row once)
+    u = jnp.asarray([0.1, 0.7, 0.3])
+    assert np.array_equal(np.asarray(clipping.distinct_row_uniforms(u, 3)), np.asarray(u))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: fm.SGLD(1e-3, 10, privacy="strong"), "privacy"),
+    (lambda: fm.DSGLD(1e-3, 10, 5, privacy=(1.0, 1.5)), "privacy: delta"),
+    (lambda: fm.FALD(1e-3, 10, 5, privacy=(-1.0, 1e-5)), "privacy: epsilon"),
+    (lambda: fm.QLSD(1e-3, 10, privacy=fm.Privacy(epsilon=1.0, clip_norm=0.0)), "clip_norm"),
+    (lambda: fm.SGLD(1e-3, 10, clip_norm=1.0), "privacy"),
+])
+def test_bad_privacy_arguments_raise_value_error(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("algorithm, options", [
+    (lambda: fm.FSGLD(1e-3, 10, 5, privacy=(1.0, 1e-5)), {}),  # surrogates fitted from rows
+    (lambda: fm.DSGLD("auto", 10, 5, privacy=(1.0, 1e-5)), {}),
+    (lambda: fm.DSGLD(1e-3, 10, 5, control_variates="global", privacy=(1.0, 1e-5)), {}),
+    (lambda: fm.FALD(1e-3, 10, 5, participation=0.5, privacy=(1.0, 1e-5)), {}),
+    (lambda: fm.QLSD(1e-3, 10, variance_reduction=True, privacy=(1.0, 1e-5)), {}),
+    (lambda: fm.DSGLD(1e-3, 10, 5, privacy=(1.0, 1e-5)), {"engine": "ray"}),
+])
+def test_what_cannot_be_accounted_is_refused_naming_privacy(algorithm, options):
+    model, fed = _regression(num_clients=2, rows=20)
+    with pytest.raises(ValueError, match="privacy= cannot account"):
+        fm.sample(model, fed, algorithm=algorithm(), init=jnp.zeros(2), num_samples=5,
+                  chains=1, **options)
+
+
+def test_fed_pdmc_per_event_guarantee_composes_over_the_events():
+    from fedmcmc.pdmp import privacy as pdmc
+
+    eps, delta = 0.1, 1e-8
+    assert pdmc.composed_privacy(eps, delta, 0) == (0.0, 0.0, "none")
+    assert pdmc.composed_privacy(eps, delta, 3) == pytest.approx((0.3, 3e-8, "basic"))
+    k = 10_000
+    total, total_delta, rule = pdmc.composed_privacy(eps, delta, k)
+    advanced = eps * math.sqrt(2 * k * math.log(1 / delta)) + k * eps * math.expm1(eps)
+    assert rule == "advanced" and total == pytest.approx(advanced)
+    assert total < k * eps and total_delta == pytest.approx((k + 1) * delta)
+    report = pdmc.composed_report(eps, delta, 2.0, 5.0, [k, k])
+    assert report["epsilon"] == [total, total] and report["events"] == [k, k]
+    assert report["guarantee"]
