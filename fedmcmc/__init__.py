@@ -14,6 +14,8 @@ from .run_length import RunLengthWarning
 from .baselines import FALD, QLSD, ConsensusMC
 from .decentralised import DULA, GTDULA
 from .federation import Federation
+from .handoff_algorithm import HandoffAlgorithm
+from .protocols import HandoffProtocol
 from . import schedules
 from .langevin import DSGLD, FSGLD, SGLD
 from .model import Model
@@ -45,6 +47,8 @@ __all__ = [
     "FALD",
     "QLSD",
     "ConsensusMC",
+    "HandoffAlgorithm",
+    "HandoffProtocol",
     "schedules",
     "surrogates",
     "diagnostics",

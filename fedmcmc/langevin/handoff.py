@@ -48,11 +48,12 @@ from .. import surrogates as surrogate_module
 from ..arrays import device_array
 from ..federation import ConcatenatedData, Federation
 from ..model import Model
-from ..protocols import ClientContext, HandoffProtocol, ServerSide
+from ..protocols import ClientContext, HandoffProtocol, ServerSide, UpdateStep
 from ..schedules import as_schedule
 from . import dsgld, fsgld
 from . import step_size as step_size_module
 from .estimators import ControlVariates, estimator_moments, unscaled_noise
+from .sgld import noise_from_keys, run_updates
 
 __all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "setup_key"]
 
@@ -358,10 +359,18 @@ class DSGLDProtocol(HandoffProtocol):
 
     def build_update(self, context, parameters):
         step = self._kernel(context, parameters)
+        flat_model = context.flat_model
 
-        def update(key, carry, iteration):
-            state = dsgld.init(carry[0], 1)._replace(iteration=iteration)
-            return (step(key, state).position,)
+        def update(update_step: UpdateStep, carry):
+            # the in-process kernel's random numbers, from the keys it splits off the
+            # iteration's key (protocols.update_step); the scheduler's uniform is not needed:
+            # the one client of this layout is client 0 whatever it is
+            noises = noise_from_keys(np.float32(0.0), update_step.minibatch_key,
+                                     update_step.noise_key, self.batch_size, flat_model.dim,
+                                     flat_model.dtype)
+            block = jax.tree_util.tree_map(lambda leaf: leaf[None], noises)
+            state = dsgld.init(carry[0], 1)._replace(iteration=update_step.iteration)
+            return (run_updates(step, block, state).position,)
 
         return update
 
