@@ -17,7 +17,7 @@ from .federation import Federation
 from .handoff_algorithm import HandoffAlgorithm
 from .protocols import HandoffProtocol
 from . import schedules
-from .langevin import DSGLD, FSGLD, SGLD
+from .langevin import DSGLD, FSGLD, SGLD, FedSGHMC
 from .model import Model
 from .pdmp import FedBoomerang, FedBPS, FedZigZag
 from .reference import reference_posterior
@@ -39,6 +39,7 @@ __all__ = [
     "SGLD",
     "DSGLD",
     "FSGLD",
+    "FedSGHMC",
     "FedZigZag",
     "FedBPS",
     "FedBoomerang",

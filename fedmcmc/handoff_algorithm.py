@@ -15,6 +15,8 @@ A YAML config (``fedmcmc run``) names a protocol class by its import path,
 
 from __future__ import annotations
 
+from typing import Optional
+
 from .algorithm import Algorithm
 from .engines.handoff import sample_protocol
 from .protocols import HandoffProtocol
@@ -62,6 +64,10 @@ class HandoffAlgorithm(Algorithm):
     def hyperparameters(self) -> dict:
         return {"protocol": self.protocol}
 
+    def run_info(self) -> Optional[dict]:
+        """Entries to start ``Result.info`` with (a subclass's hyper-parameters); none here."""
+        return None
+
     def sample(self, model, federation, *, engine, **arguments):
         return sample_protocol(self.handoff_protocol(), model, federation, engine=engine,
-                               **arguments)
+                               info=self.run_info(), **arguments)

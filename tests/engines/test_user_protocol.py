@@ -221,3 +221,17 @@ def test_a_config_names_the_protocol_by_import_path(tmp_path, monkeypatch):
     assert label == "MySampler" and isinstance(algorithm, fm.HandoffAlgorithm)
     assert type(algorithm.protocol).__name__ == "MySampler"
     assert algorithm.protocol.local_steps == 4 and algorithm.name == "mine"
+
+
+def test_the_public_fed_sghmc_gives_the_same_draws_on_ray(local_ray):
+    """fm.FedSGHMC, the library's own SGHMC protocol (its statistical checks are in
+    tests/langevin/test_sghmc.py), on both engines with minibatches smaller than most clients."""
+    algorithm = fm.FedSGHMC(step_size=STEP, friction=FRICTION, batch_size=10, local_steps=7)
+    common = dict(init=jnp.zeros(DIM), num_samples=30, burn_in=10, thin=10, chains=2, seed=5,
+                  visit_timeout=120.0)
+    local = fm.sample(MODEL, equal_mean_federation(), algorithm, engine="local", **common)
+    on_ray = fm.sample(MODEL, equal_mean_federation(), algorithm, engine="ray", **common)
+    assert on_ray.info["algorithm"] == "FedSGHMC" and on_ray.info["engine"] == "ray"
+    assert np.isfinite(local.flat_samples()).all()
+    np.testing.assert_array_equal(on_ray.flat_samples(), local.flat_samples())
+    np.testing.assert_array_equal(on_ray.sample_stats["client"], local.sample_stats["client"])
