@@ -145,7 +145,8 @@ class ServerSide(NamedTuple):
     run's ``Result.info``, to which set-up adds what it chose. ``weights``: the federation's
     f_s (for data that stay on the clients, from the sizes they reported) and
     ``weights_given`` whether the user gave them; :meth:`HandoffProtocol.scheduler_weights`
-    is asked after :meth:`HandoffProtocol.prepare`, so a set-up may choose other f_s.
+    is asked with what :meth:`HandoffProtocol.prepare` returned, so a set-up may choose
+    other f_s.
     """
 
     ask: Callable[[str, Callable[[int], tuple], Optional[Sequence[int]]], List[Any]]
@@ -169,10 +170,14 @@ class HandoffProtocol:
     * optionally client-side functions, methods named ``client_<name>(context, *args)``
       (set-up that needs the client's data: a surrogate fit, gradient-noise
       moments; they run in the client's process and reply with a few floats),
-      with :meth:`prepare`, which asks for them by ``<name>``, and
-      :meth:`client_parameters`: the per-client parameters of the update,
-      computed by the server from the replies (and again, over the remaining
-      clients, when a client is dropped).
+      with :meth:`prepare`, which asks for them by ``<name>`` and returns what it
+      chose, and :meth:`client_parameters`: the per-client parameters of the update
+      (a NamedTuple of arrays), computed by the server from what :meth:`prepare`
+      returned (and again, over the remaining clients, when a client is dropped).
+
+    Nothing here mutates the protocol: the server's set-up returns its choices and
+    the client keeps what is its own in ``context.store``, so one protocol object
+    serves every client of a process and every run of a reused Ray actor.
 
     Attributes
     ----------
@@ -205,23 +210,26 @@ class HandoffProtocol:
         return carry[0]
 
     # ------------------------------------------------------------------ server side
-    def scheduler_weights(self, federation_weights):
-        """The client selection probabilities f_s the scheduler draws with: the
-        federation's (default), or ones the protocol's set-up chose."""
-        return federation_weights
-
     def prepare(self, server: ServerSide) -> Any:
         """Set-up done once, before sampling (e.g. ask every client for its surrogate).
 
-        Returns whatever :meth:`client_parameters` needs; the default does nothing."""
+        Returns what the set-up chose, ``prepared``, which the engine hands back to
+        :meth:`run_length`, :meth:`scheduler_weights` and :meth:`client_parameters`: set-up
+        returns what it resolves and never changes the protocol object (which the clients
+        share, and which a reused Ray actor keeps for the next run). Default: ``None``."""
         return None
 
-    def run_length(self, server: ServerSide, thin, burn_in) -> Tuple[Any, Any]:
+    def run_length(self, server: ServerSide, prepared: Any, thin, burn_in) -> Tuple[Any, Any]:
         """The run's ``thin`` and ``burn_in``, asked after :meth:`prepare` and before the
         clients' visits are configured: a protocol whose set-up resolves ``"auto"`` run
         lengths (``fm.sample(thin="auto")``) returns the integers it chose. The default
         returns them as given (an ``"auto"`` left unresolved is then refused by the engine)."""
         return thin, burn_in
+
+    def scheduler_weights(self, prepared: Any, federation_weights):
+        """The client selection probabilities f_s the scheduler draws with: the
+        federation's (default), or ones the protocol's set-up chose (``prepared``)."""
+        return federation_weights
 
     def client_parameters(self, server: ServerSide, prepared: Any, weights,
                           clients: Sequence[int]) -> List[Any]:

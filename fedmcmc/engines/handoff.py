@@ -500,7 +500,7 @@ def sample_handoff(
                             weights=np.asarray(federation.weights, np.float64),
                             weights_given=bool(federation.weights_given))
         prepared = protocol.prepare(server)
-        thin, burn_in = protocol.run_length(server, thin, burn_in)
+        thin, burn_in = protocol.run_length(server, prepared, thin, burn_in)
         for argument, value in (("thin", thin), ("burn_in", burn_in)):
             if run_length.is_auto(value):
                 raise ValueError(f"{argument}='auto' is not resolved by {protocol.name}'s "
@@ -508,7 +508,8 @@ def sample_handoff(
         thin, burn_in = int(thin), int(burn_in)
         phases["prepare"] = time.perf_counter() - setup_started
         # after prepare: its set-up may have chosen the f_s (client_selection)
-        weights = np.asarray(protocol.scheduler_weights(federation.weights), np.float64)
+        weights = np.asarray(protocol.scheduler_weights(prepared, federation.weights),
+                             np.float64)
 
         def configure(current_weights: np.ndarray) -> None:
             kept = [s for s in range(num_clients) if current_weights[s] > 0]
