@@ -69,5 +69,14 @@ class HandoffAlgorithm(Algorithm):
         return None
 
     def sample(self, model, federation, *, engine, **arguments):
+        return self.sample_distributed(model, federation, engine, **arguments)
+
+    def sample_local(self, model, federation, **arguments):
+        """In this process: the protocol's clients as objects here, message for message as on
+        Ray (a hand-off protocol has no separate in-process kernel)."""
+        return self.sample_distributed(model, federation, "local", **arguments)
+
+    def sample_distributed(self, model, federation, engine, **arguments):
+        """On ``engine``'s client endpoints (``fedmcmc.engines.handoff.sample_protocol``)."""
         return sample_protocol(self.handoff_protocol(), model, federation, engine=engine,
                                info=self.run_info(), **arguments)
