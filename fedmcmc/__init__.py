@@ -14,8 +14,10 @@ from .run_length import RunLengthWarning
 from .baselines import FALD, QLSD, ConsensusMC
 from .decentralised import DULA, GTDULA
 from .federation import Federation
+from .handoff_algorithm import HandoffAlgorithm
+from .protocols import HandoffProtocol
 from . import schedules
-from .langevin import DSGLD, FSGLD, SGLD
+from .langevin import DSGLD, FSGLD, SGLD, FedSGHMC
 from .model import Model
 from .pdmp import FedBoomerang, FedBPS, FedZigZag
 from .reference import reference_posterior
@@ -42,6 +44,7 @@ __all__ = [
     "SGLD",
     "DSGLD",
     "FSGLD",
+    "FedSGHMC",
     "FedZigZag",
     "FedBPS",
     "FedBoomerang",
@@ -50,6 +53,8 @@ __all__ = [
     "FALD",
     "QLSD",
     "ConsensusMC",
+    "HandoffAlgorithm",
+    "HandoffProtocol",
     "schedules",
     "surrogates",
     "diagnostics",

@@ -45,8 +45,9 @@ factory, or are generated (``data.generate``: keyword arguments of the zoo's
 Algorithms are looked up by name on the ``fedmcmc`` namespace at run time, so
 new algorithm classes work without editing this module; ``algorithms[].name`` may also be
 the import path ``"package.module:Class"`` of an algorithm defined outside the package
-(an :class:`~fedmcmc.algorithm.Algorithm` subclass), labelled ``Class`` in reports unless
-``label`` says otherwise.
+(an :class:`~fedmcmc.algorithm.Algorithm` subclass, or a hand-off protocol, a
+:class:`~fedmcmc.protocols.HandoffProtocol` subclass, run as ``fm.HandoffAlgorithm(Class(**params))``),
+labelled ``Class`` in reports unless ``label`` says otherwise.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt,
 
 from .model import Model
 from .algorithm import Algorithm
+from .protocols import HandoffProtocol
 from .federation import Federation
 from .api import ENGINES
 
@@ -317,10 +319,24 @@ def _data_digest(federation) -> str:
     return digest.hexdigest()[:16]
 
 
+def _handoff_algorithm_of(protocol_class):
+    """``params -> fm.HandoffAlgorithm(protocol_class(**params))``: a protocol class named in a
+    config, built as an algorithm would be."""
+    from .handoff_algorithm import HandoffAlgorithm
+
+    def build(**params):
+        return HandoffAlgorithm(protocol_class(**params))
+
+    build.__name__ = protocol_class.__name__
+    return build
+
+
 def resolve_algorithm_class(name: str, field: str = "algorithms.name"):
     """The algorithm class ``name``: a class on the ``fedmcmc`` namespace, or the import path
     ``"package.module:Class"`` of an :class:`~fedmcmc.algorithm.Algorithm` subclass defined
-    outside the package; ``ConfigError`` names ``field`` and lists what exists."""
+    outside the package, or of a :class:`~fedmcmc.protocols.HandoffProtocol` subclass (then a
+    function building ``fm.HandoffAlgorithm(Class(**params))``); ``ConfigError`` names
+    ``field`` and lists what exists."""
     import fedmcmc as fm
 
     if ":" in name:
@@ -331,9 +347,12 @@ def resolve_algorithm_class(name: str, field: str = "algorithms.name"):
             raise ConfigError(f"{field}: cannot import {module_name!r} "
                               f"({type(error).__name__}: {error})") from None
         cls = getattr(module, class_name, None)
+        if inspect.isclass(cls) and issubclass(cls, HandoffProtocol):
+            # a hand-off protocol of one's own: params are its constructor's
+            return _handoff_algorithm_of(cls)
         if not (inspect.isclass(cls) and issubclass(cls, Algorithm)):
             raise ConfigError(f"{field}: {module_name!r} has no fedmcmc.algorithm.Algorithm "
-                              f"subclass {class_name!r}")
+                              f"or fedmcmc.protocols.HandoffProtocol subclass {class_name!r}")
         return cls
     available = sorted(
         n for n in dir(fm)

@@ -25,8 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import rng
+
 __all__ = ["Minibatch", "some_client_smaller", "minibatch_rows", "take_minibatch",
-           "likelihood_gradient"]
+           "likelihood_gradient", "draw_minibatch", "minibatch_from_uniforms",
+           "minibatch_gradient", "client_gradient_estimate"]
 
 PyTree = Any
 
@@ -77,3 +80,41 @@ def likelihood_gradient(flat_model, theta, minibatch: Minibatch):
     else:
         scale = minibatch.client_size.astype(theta.dtype) / used.astype(theta.dtype)
     return scale * flat_model.grad_log_likelihood_sum(theta, minibatch.data, minibatch.row_weights)
+
+
+def draw_minibatch(key, layout, client, batch_size: int) -> Minibatch:
+    """A minibatch of at most ``batch_size`` rows of ``client`` of the kernels' data layout
+    ``layout`` (:class:`~fedmcmc.federation.ConcatenatedData`) by the rule above, from the
+    ``batch_size`` uniforms ``jax.random.uniform(key, (batch_size,))``."""
+    return minibatch_from_uniforms(rng.uniform(key, (batch_size,)), layout, client)
+
+
+def minibatch_from_uniforms(uniforms, layout, client,
+                            may_be_smaller: Optional[bool] = None) -> Minibatch:
+    """:func:`draw_minibatch` from its ``batch_size`` uniforms on [0, 1) (drawn in bulk by
+    the engine). ``may_be_smaller``: whether a client can have fewer rows than the batch
+    (``None``: read from the layout's sizes, which must then be concrete)."""
+    if may_be_smaller is None:
+        may_be_smaller = some_client_smaller(layout.sizes, uniforms.shape[0])
+    return take_minibatch(uniforms, layout.data, layout.offsets[client], layout.sizes[client],
+                          may_be_smaller)
+
+
+def minibatch_gradient(context, position, key, batch_size: int):
+    """``(N_s / m_s) sum_j grad log p(x_j | theta)`` over a minibatch of at most ``batch_size``
+    of the client's own rows drawn with ``key`` (``m_s = min(batch_size, N_s)``): unbiased for
+    the gradient of the client's full-data log likelihood (FSGLD paper, equation (2) on one
+    client). ``context``: the client's :class:`~fedmcmc.protocols.ClientContext` (its flat
+    model and rows), ``position`` the flat parameter (d,)."""
+    minibatch = draw_minibatch(key, context.data, 0, batch_size)
+    return likelihood_gradient(context.flat_model, position, minibatch)
+
+
+def client_gradient_estimate(context, position, key, batch_size: int, weight):
+    """Equation (4) of the FSGLD paper (DSGLD's estimator of the log posterior's gradient on
+    client s): ``grad log p(theta) + (1 / f_s) (N_s / m_s) sum_j grad log p(x_j | theta)``,
+    ``weight`` the client's selection probability f_s. Unbiased for the full posterior's
+    gradient when client s is drawn with probability f_s."""
+    flat_model = context.flat_model
+    return (flat_model.grad_log_prior(position)
+            + minibatch_gradient(context, position, key, batch_size) / weight)

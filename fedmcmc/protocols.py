@@ -15,14 +15,22 @@ outside the package, such as SGHMC whose momentum travels with the chain):
 * a **visit** is ``local_steps`` updates of the carry on one client, with the
   client's own data: :meth:`HandoffProtocol.build_update` gives one update,
   the engine scans it;
-* the **server** draws the next client of each chain with probability f_s, with
-  the first of the three keys ``jax.random.split(key, 3)`` of the visit's first
-  iteration (so an update should draw its minibatch and noise from the other
-  two, as DSGLD does), and hands the carry on.
+* the **server** draws the next client of each chain with probability f_s and
+  hands the carry on.
 
-Keys: iteration ``t`` of chain ``c`` uses
-``fedmcmc.engines.local.iteration_key(root, chains, thin, c, t)`` on every
-engine, so a protocol's draws do not depend on the transport.
+Keys: iteration ``t`` of chain ``c`` has the key
+``fedmcmc.engines.local.iteration_key(root, chains, thin, c, t)`` on every engine,
+split in three (:func:`update_step`): the first is the scheduler's (the client of a
+visit is drawn with that of the visit's first iteration), the other two are the
+update's own, handed to it in an :class:`UpdateStep` with the iteration and whether
+the update starts a visit. An update never sees the scheduler's key, so what it
+draws cannot correlate with the choice of client, and a protocol's draws do not
+depend on the transport.
+
+A protocol needs nothing from a family: the minibatch estimators are in
+:mod:`fedmcmc.minibatch` (``client_gradient_estimate``: equation (4) on the client's
+own rows), and ``fedmcmc.HandoffAlgorithm(protocol)`` runs it through
+``fedmcmc.sample`` on every engine (``docs/development/writing-a-sampler.md``).
 """
 
 from __future__ import annotations
@@ -33,12 +41,48 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import rng
 from .arrays import device_array
 from .federation import ConcatenatedData
 from .model import FlatModel
 
 __all__ = ["ClientContext", "client_context", "client_function", "HandoffProtocol",
-           "ServerSide", "draw_client", "client_from_uniform"]
+           "ServerSide", "UpdateStep", "update_step", "ClientParameters", "draw_client",
+           "client_from_uniform"]
+
+
+class UpdateStep(NamedTuple):
+    """What the engine hands one update of a hand-off protocol (traced values).
+
+    ``iteration``: the chain's global iteration t (int32; the draw after update t is
+    kept when ``(t + 1) % thin == 0``). ``visit_start``: whether this update is the
+    first of a visit, the chain having just arrived on this client (bool).
+    ``minibatch_key`` and ``noise_key``: the update's own two keys (the second and
+    third of ``split(iteration key, 3)``; the first is the scheduler's), for its
+    minibatch and its injected noise; split them further when more is needed.
+    """
+
+    iteration: Any
+    visit_start: Any
+    minibatch_key: Any
+    noise_key: Any
+
+
+def update_step(iteration_key, iteration, visit_start) -> UpdateStep:
+    """The :class:`UpdateStep` of the update whose iteration key is ``iteration_key``:
+    the key split in three as every engine splits it (scheduler, minibatch, noise;
+    ``jax.random.split`` bit for bit), the scheduler's key left out."""
+    _, minibatch_key, noise_key = rng.split_key(iteration_key, 3)
+    return UpdateStep(iteration=iteration, visit_start=visit_start,
+                      minibatch_key=minibatch_key, noise_key=noise_key)
+
+
+class ClientParameters(NamedTuple):
+    """The default per-client parameters of a hand-off update: ``weight``, the client's
+    selection probability f_s (float32), by which the estimator (4) divides its minibatch
+    gradient (``fedmcmc.minibatch.client_gradient_estimate``)."""
+
+    weight: Any
 
 
 class ClientContext(NamedTuple):
@@ -101,7 +145,8 @@ class ServerSide(NamedTuple):
     run's ``Result.info``, to which set-up adds what it chose. ``weights``: the federation's
     f_s (for data that stay on the clients, from the sizes they reported) and
     ``weights_given`` whether the user gave them; :meth:`HandoffProtocol.scheduler_weights`
-    is asked after :meth:`HandoffProtocol.prepare`, so a set-up may choose other f_s.
+    is asked with what :meth:`HandoffProtocol.prepare` returned, so a set-up may choose
+    other f_s.
     """
 
     ask: Callable[[str, Callable[[int], tuple], Optional[Sequence[int]]], List[Any]]
@@ -125,10 +170,14 @@ class HandoffProtocol:
     * optionally client-side functions, methods named ``client_<name>(context, *args)``
       (set-up that needs the client's data: a surrogate fit, gradient-noise
       moments; they run in the client's process and reply with a few floats),
-      with :meth:`prepare`, which asks for them by ``<name>``, and
-      :meth:`client_parameters`: the per-client parameters of the update,
-      computed by the server from the replies (and again, over the remaining
-      clients, when a client is dropped).
+      with :meth:`prepare`, which asks for them by ``<name>`` and returns what it
+      chose, and :meth:`client_parameters`: the per-client parameters of the update
+      (a NamedTuple of arrays), computed by the server from what :meth:`prepare`
+      returned (and again, over the remaining clients, when a client is dropped).
+
+    Nothing here mutates the protocol: the server's set-up returns its choices and
+    the client keeps what is its own in ``context.store``, so one protocol object
+    serves every client of a process and every run of a reused Ray actor.
 
     Attributes
     ----------
@@ -161,46 +210,49 @@ class HandoffProtocol:
         return carry[0]
 
     # ------------------------------------------------------------------ server side
-    def scheduler_weights(self, federation_weights):
-        """The client selection probabilities f_s the scheduler draws with: the
-        federation's (default), or ones the protocol's set-up chose."""
-        return federation_weights
-
     def prepare(self, server: ServerSide) -> Any:
         """Set-up done once, before sampling (e.g. ask every client for its surrogate).
 
-        Returns whatever :meth:`client_parameters` needs; the default does nothing."""
+        Returns what the set-up chose, ``prepared``, which the engine hands back to
+        :meth:`run_length`, :meth:`scheduler_weights` and :meth:`client_parameters`: set-up
+        returns what it resolves and never changes the protocol object (which the clients
+        share, and which a reused Ray actor keeps for the next run). Default: ``None``."""
         return None
 
-    def run_length(self, server: ServerSide, thin, burn_in) -> Tuple[Any, Any]:
+    def run_length(self, server: ServerSide, prepared: Any, thin, burn_in) -> Tuple[Any, Any]:
         """The run's ``thin`` and ``burn_in``, asked after :meth:`prepare` and before the
         clients' visits are configured: a protocol whose set-up resolves ``"auto"`` run
         lengths (``fm.sample(thin="auto")``) returns the integers it chose. The default
         returns them as given (an ``"auto"`` left unresolved is then refused by the engine)."""
         return thin, burn_in
 
-    def client_parameters(self, server: ServerSide, prepared: Any, weights,
-                          clients: Sequence[int]) -> List[Dict[str, Any]]:
-        """The parameters of each client's update, one dictionary of arrays per client
-        of ``clients`` (those still taking part), for the scheduler weights ``weights``
-        (f_s, renormalised over ``clients``). The default gives f_s only, as
-        ``{"weight": f_s}``: the estimator of equation (4) scales the client's
-        minibatch gradient by 1 / f_s."""
-        return [{"weight": float(weights[s])} for s in clients]
+    def scheduler_weights(self, prepared: Any, federation_weights):
+        """The client selection probabilities f_s the scheduler draws with: the
+        federation's (default), or ones the protocol's set-up chose (``prepared``)."""
+        return federation_weights
 
-    def complete_parameters(self, context: ClientContext, parameters: Dict[str, Any]):
-        """Client side, after :meth:`client_parameters`' dictionary arrives: add what the
+    def client_parameters(self, server: ServerSide, prepared: Any, weights,
+                          clients: Sequence[int]) -> List[Any]:
+        """The parameters of each client's update, one per client of ``clients`` (those
+        still taking part), for the scheduler weights ``weights`` (f_s, renormalised over
+        ``clients``): a pytree of arrays (a NamedTuple, so the update reads them as
+        attributes). The default gives f_s only, as :class:`ClientParameters`: the
+        estimator of equation (4) scales the client's minibatch gradient by 1 / f_s."""
+        return [ClientParameters(weight=np.float32(weights[s])) for s in clients]
+
+    def complete_parameters(self, context: ClientContext, parameters: Any):
+        """Client side, after :meth:`client_parameters`' entry arrives: add what the
         client keeps to itself (e.g. its own surrogate, never sent back). Default: as is."""
         return parameters
 
     # ------------------------------------------------------------------ the update
-    def build_update(self, context: ClientContext, parameters: Dict[str, Any]) -> Callable:
-        """``update(key, carry, iteration) -> carry``: one update on this client.
+    def build_update(self, context: ClientContext, parameters: Any) -> Callable:
+        """``update(step, carry) -> carry``: one update of the carry on this client.
 
-        Called inside the compiled visit with ``parameters`` as traced arrays (a new
-        f_s after a drop does not recompile). ``key`` is the iteration's key; the
-        engine draws the next client from ``jax.random.split(key, 3)[0]`` of a
-        visit's first iteration."""
+        ``step`` is the :class:`UpdateStep` the engine hands every update: its iteration,
+        whether it starts a visit, and its own keys (never the scheduler's). Called inside
+        the compiled visit with ``parameters`` (what :meth:`complete_parameters` returned)
+        as traced arrays, so a new f_s after a drop does not recompile."""
         raise NotImplementedError
 
 

@@ -23,8 +23,9 @@ This module never imports a family and never looks at an algorithm's name.
 Random streams: iteration ``t`` of chain ``c`` uses the key the in-process
 engine uses, ``split(split(fold_in(key(seed), t // thin), chains)[c], thin)[t % thin]``.
 The server draws the client with ``split(key, 3)[0]`` of a visit's first
-iteration, as ``dsgld.build_federated_kernel`` does, and the protocol's update
-the minibatch and the noise from the other two; so with the same seed the
+iteration, as ``dsgld.build_federated_kernel`` does, and the client hands the
+protocol's update the other two (``protocols.update_step``: its minibatch and noise
+keys, with the iteration and whether it starts the visit); so with the same seed the
 hand-off engine reproduces the in-process DSGLD/FSGLD draws (up to float
 rounding of the data layout), which the tests check.
 """
@@ -46,7 +47,8 @@ from ..cache import jit_with_constants_as_arguments
 from ..arrays import device_array
 from ..federation import Federation, describe_client
 from ..model import unravel_draws_numpy
-from ..protocols import HandoffProtocol, ServerSide, client_context, client_function, draw_client
+from ..protocols import (HandoffProtocol, ServerSide, client_context, client_function,
+                         draw_client, update_step)
 from ..results import assemble_result, divergence_details, diverged_error
 from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
                    Transport, call_all, describe_federation, gather_before_sampling,
@@ -89,7 +91,7 @@ class HandoffClient(ClientEndpoint):
         self._raw_data = self.data
         self.context = client_context(self.index, self._raw_data, self.size, model, init,
                                       spec["num_clients"], spec["seed"])
-        self.parameters: Dict[str, Any] = {}
+        self.parameters: Any = None  # the update's parameters (a pytree of device arrays)
         self._visit = None
         self._root = None  # the run's key, made when the visit is first configured
 
@@ -102,22 +104,27 @@ class HandoffClient(ClientEndpoint):
         with self.compiling_once(("setup", name), self.protocol, self.context.model):
             return function(self.context, *args)
 
-    def configure(self, parameters: Dict[str, Any], thin: Optional[int] = None) -> int:
+    def configure(self, parameters: Any, thin: Optional[int] = None) -> int:
         """Set this client's update parameters (sent again after a client is dropped: f_s
         renormalised and whatever the protocol recomputes over the remaining clients), and
         ``thin`` when the protocol's set-up resolved it (``thin="auto"``)."""
         rethinned = thin is not None and int(thin) != self.spec["thin"]
         if rethinned:
             self.spec["thin"] = int(thin)
-        parameters = self.protocol.complete_parameters(self.context, dict(parameters))
-        parameters = {name: device_array(value) for name, value in parameters.items()}
-        structure = {name: (value.shape, value.dtype) for name, value in parameters.items()}
+        if isinstance(parameters, dict):  # the protocol's own copy, whatever it adds
+            parameters = dict(parameters)
+        parameters = self.protocol.complete_parameters(self.context, parameters)
+        # any pytree of arrays (a NamedTuple, a dictionary): its structure and leaf shapes
+        # decide whether the compiled visit can be kept
+        parameters = jax.tree_util.tree_map(device_array, parameters)
+        leaves, treedef = jax.tree_util.tree_flatten(parameters)
+        structure = (str(treedef), tuple((leaf.shape, str(leaf.dtype)) for leaf in leaves))
         changed = (self._visit is None or rethinned
                    or structure != getattr(self, "_structure", None))
         self.parameters, self._structure = parameters, structure
         if changed:
-            with self.compiling_once(("configure", tuple(sorted(structure.items()))),
-                                     self.protocol, self.context.model, self.spec):
+            with self.compiling_once(("configure", structure), self.protocol,
+                                     self.context.model, self.spec):
                 self._configure_visit()
         return self.index
 
@@ -195,7 +202,8 @@ class HandoffClient(ClientEndpoint):
 
             def body(carry, step):
                 t = iteration + step
-                carry = tuple(update(iteration_key(root, chains, thin, chain, t), carry, t))
+                carry = tuple(update(update_step(iteration_key(root, chains, thin, chain, t),
+                                                 t, step == 0), carry))
                 return carry, protocol.position(carry)
 
             return jax.lax.scan(body, tuple(carry), jnp.arange(steps, dtype=jnp.int32))
@@ -492,7 +500,7 @@ def sample_handoff(
                             weights=np.asarray(federation.weights, np.float64),
                             weights_given=bool(federation.weights_given))
         prepared = protocol.prepare(server)
-        thin, burn_in = protocol.run_length(server, thin, burn_in)
+        thin, burn_in = protocol.run_length(server, prepared, thin, burn_in)
         for argument, value in (("thin", thin), ("burn_in", burn_in)):
             if run_length.is_auto(value):
                 raise ValueError(f"{argument}='auto' is not resolved by {protocol.name}'s "
@@ -500,7 +508,8 @@ def sample_handoff(
         thin, burn_in = int(thin), int(burn_in)
         phases["prepare"] = time.perf_counter() - setup_started
         # after prepare: its set-up may have chosen the f_s (client_selection)
-        weights = np.asarray(protocol.scheduler_weights(federation.weights), np.float64)
+        weights = np.asarray(protocol.scheduler_weights(prepared, federation.weights),
+                             np.float64)
 
         def configure(current_weights: np.ndarray) -> None:
             kept = [s for s in range(num_clients) if current_weights[s] > 0]

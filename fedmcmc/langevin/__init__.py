@@ -1,11 +1,14 @@
-"""Federated stochastic-gradient Langevin dynamics: SGLD, DSGLD, FSGLD.
+"""Federated stochastic-gradient Langevin dynamics: SGLD, DSGLD, FSGLD, and federated SGHMC.
 
 Kernels (pure functions of explicit state): ``sgld.py`` (eq. 1-2),
 ``dsgld.py`` (eq. 3-4), ``fsgld.py`` (eq. 5-7, Algorithm 1); estimators in
-``estimators.py``; public classes in ``algorithms.py``.
+``estimators.py``; public classes in ``algorithms.py``. ``sghmc.py``: SGHMC (Chen et al.,
+2014) whose momentum travels with the chain, written as a hand-off protocol only.
 """
 
 from . import dsgld, estimators, fsgld, sgld
+from . import sghmc
 from .algorithms import DSGLD, FSGLD, SGLD
+from .sghmc import FedSGHMC
 
-__all__ = ["SGLD", "DSGLD", "FSGLD", "sgld", "dsgld", "fsgld", "estimators"]
+__all__ = ["SGLD", "DSGLD", "FSGLD", "FedSGHMC", "sgld", "dsgld", "fsgld", "sghmc", "estimators"]

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 
 from ..federation import ConcatenatedData
 from .. import rng
-from ..minibatch import Minibatch, likelihood_gradient, some_client_smaller, take_minibatch
+from ..minibatch import Minibatch, likelihood_gradient
+from ..minibatch import draw_minibatch, minibatch_from_uniforms  # noqa: F401 - re-exported
 from ..model import FlatModel
 from ..protocols import client_from_uniform, draw_client  # noqa: F401 - re-exported: the scheduler
 from ..surrogates import GaussianSurrogates, ProductSurrogate, grad_log_surrogate
@@ -37,24 +38,6 @@ __all__ = [
     "estimator_moments",
     "unscaled_noise",
 ]
-
-
-def draw_minibatch(key, layout: ConcatenatedData, client, batch_size: int) -> Minibatch:
-    """A minibatch of at most ``batch_size`` rows of ``client``, by the library's one rule
-    (:mod:`fedmcmc.minibatch`): ``batch_size`` rows with replacement when the client has more,
-    every row once (its exact gradient) when it has no more."""
-    return minibatch_from_uniforms(rng.uniform(key, (batch_size,)), layout, client)
-
-
-def minibatch_from_uniforms(uniforms, layout: ConcatenatedData, client,
-                            may_be_smaller: Optional[bool] = None) -> Minibatch:
-    """:func:`draw_minibatch` from its ``batch_size`` uniforms on [0, 1) (drawn in bulk by
-    the engine). ``may_be_smaller``: whether a client can have fewer rows than the batch
-    (``None``: read from the layout's sizes, which must then be concrete)."""
-    if may_be_smaller is None:
-        may_be_smaller = some_client_smaller(layout.sizes, uniforms.shape[0])
-    return take_minibatch(uniforms, layout.data, layout.offsets[client], layout.sizes[client],
-                          may_be_smaller)
 
 
 def client_gradient(flat_model: FlatModel, theta, minibatch: Minibatch):

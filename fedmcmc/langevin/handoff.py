@@ -40,6 +40,7 @@ import weakref
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import rng
@@ -48,13 +49,15 @@ from .. import surrogates as surrogate_module
 from ..arrays import device_array
 from ..federation import ConcatenatedData, Federation
 from ..model import Model
-from ..protocols import ClientContext, HandoffProtocol, ServerSide
+from ..protocols import ClientContext, HandoffProtocol, ServerSide, UpdateStep
 from ..schedules import as_schedule
 from . import dsgld, fsgld
 from . import step_size as step_size_module
 from .estimators import ControlVariates, estimator_moments, unscaled_noise
+from .sgld import noise_from_keys, run_updates
 
-__all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "setup_key"]
+__all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "HandoffSetup", "DSGLDParameters",
+           "FSGLDParameters", "setup_key"]
 
 
 def setup_key(seed: int):
@@ -71,6 +74,51 @@ class ClientSetup(NamedTuple):
     tolerance: float
     control_variates: Optional[str]  # "global", "client", "none", or None (automatic)
     client_selection: Optional[str]  # "proportional", "variance", or None (automatic)
+
+
+class HandoffSetup(NamedTuple):
+    """What :meth:`DSGLDProtocol.prepare` resolved on the server, returned (the protocol object
+    is never changed): the step size the visits run (``"auto"`` resolved), the control
+    variates' anchor ((d,) shared or (S, d) per client; ``None``: none), the scheduler's f_s
+    when the set-up chose them, the run's (thin, burn_in) when it resolved ``"auto"`` ones, and
+    FSGLD's surrogates (``surrogates_given``: the user gave them, so the server sends each
+    client its own)."""
+
+    step_size: Any
+    anchor: Optional[np.ndarray] = None
+    client_weights: Optional[np.ndarray] = None
+    run_length: Optional[tuple] = None
+    surrogates: Any = None
+    surrogates_given: bool = False
+
+
+class DSGLDParameters(NamedTuple):
+    """A DSGLD client's update parameters (FSGLD equation (4) with optional control variates):
+    f_s; the anchor theta*_s and, added by the client itself, its full-data gradient there;
+    the step size when the server's set-up chose it (``None``: the protocol's own)."""
+
+    weight: Any
+    anchor: Any = None
+    anchor_gradient: Any = None
+    step_size: Any = None
+
+
+class FSGLDParameters(NamedTuple):
+    """An FSGLD client's update parameters: DSGLD's, the global surrogate q (precision, shift),
+    the client's own q_s (``precision``, ``shift``: sent when given, else the fit it keeps) and
+    the trust region (centre, metric, radius; ``None``: none)."""
+
+    weight: Any
+    global_precision: Any
+    global_shift: Any
+    anchor: Any = None
+    anchor_gradient: Any = None
+    step_size: Any = None
+    precision: Any = None
+    shift: Any = None
+    trust_center: Any = None
+    trust_precision: Any = None
+    trust_radius: Any = None
 
 
 #: the share models of :func:`_own_share`, one per (model, S), while the model lives: the
@@ -158,36 +206,34 @@ class DSGLDProtocol(HandoffProtocol):
         self.setup = setup
         # the run's length as asked ("auto" thin / burn_in resolved by prepare), or None
         self.run_request = run_request
-        self.resolved_run_length = None  # (thin, burn_in) after prepare, on the server
         # anchor: (d,) shared by every client, or (S, d): each client's own
         self.anchor = None if anchor is None else np.asarray(anchor)
         # the scheduler's f_s when the set-up chose them (client_selection="variance")
         self.client_weights = None if client_weights is None else np.asarray(
             client_weights, np.float64)
-        self._set_step_size(step_size)
+        self.step_size = step_size
+        # outside the compiled visit: it checks h ("auto": chosen by the set-up and sent to
+        # the clients with their parameters)
+        self.schedule = None if isinstance(step_size, str) else as_schedule(step_size)
         self.batch_size = int(batch_size)
         self.local_steps = int(local_steps)
         self.noise = bool(noise)
         self.divergence_threshold = float(divergence_threshold)
 
-    def _set_step_size(self, step_size) -> None:
-        self.step_size = step_size
-        # outside the compiled visit: it checks h ("auto": set by the clients' set-up)
-        self.schedule = None if isinstance(step_size, str) else as_schedule(step_size)
-
-    def scheduler_weights(self, federation_weights):
+    def scheduler_weights(self, prepared: HandoffSetup, federation_weights):
         """The f_s the set-up chose (``client_selection``), else the federation's."""
-        if self.client_weights is None:
+        if prepared.client_weights is None:
             return federation_weights
-        return self.client_weights
+        return prepared.client_weights
 
     # ------------------------------------------------------------------ control variates
     # With an ``anchor`` theta* (the global Laplace mode the driver's "auto" set-up chose, or
     # each client's own mode), each client computes its full-data gradient there once and
     # keeps it: the estimator of ``estimators.dsgld_gradient_with_control_variates`` then
     # runs on the client, and only theta* (d floats) travels.
-    def _anchor_for(self, client: int):
-        return self.anchor if self.anchor.ndim == 1 else self.anchor[client]
+    @staticmethod
+    def _anchor_for(anchor, client: int):
+        return anchor if anchor.ndim == 1 else anchor[client]
 
     @staticmethod
     def _anchor_gradient(context: ClientContext, anchor) -> np.ndarray:
@@ -236,10 +282,11 @@ class DSGLDProtocol(HandoffProtocol):
         return None
 
     def _setup_on_clients(self, server: ServerSide, center, precision, modes,
-                          surrogates=None) -> None:
+                          surrogates=None) -> HandoffSetup:
         """``"auto"``, the control variates and f_s from the clients' noise statistics, chosen
-        by ``step_size.choose_settings`` (the in-process set-up's one decision logic).
-        ``modes()``: the clients' Laplace modes (the anchors of ``control_variates="client"``)."""
+        by ``step_size.choose_settings`` (the in-process set-up's one decision logic), returned
+        as a :class:`HandoffSetup`. ``modes()``: the clients' Laplace modes (the anchors of
+        ``control_variates="client"``)."""
         setup = self.setup
         step_size_module.check_selection(setup.client_selection, server.weights_given)
         kinds = step_size_module.candidate_variates(setup.control_variates,
@@ -266,55 +313,75 @@ class DSGLDProtocol(HandoffProtocol):
             selection=setup.client_selection, weights_given=server.weights_given,
             name=self.name, info=server.info, request=self.run_request,
             offset=step_size_module.initial_offset(server.theta0, center, precision))
-        self.anchor = {"none": None, "global": center_array,
-                       "client": client_modes}[kind]
-        self.client_weights = (None if client_weights is None
-                               else np.asarray(client_weights, np.float64))
-        self._set_step_size(step_size)
         server.info["setup_by"] = "clients"
+        return HandoffSetup(
+            step_size=step_size,
+            anchor={"none": None, "global": center_array, "client": client_modes}[kind],
+            client_weights=(None if client_weights is None
+                            else np.asarray(client_weights, np.float64)))
 
-    def _prepare_variates(self, server: ServerSide) -> None:
-        if self.anchor is not None:
-            server.ask("anchor_gradient", lambda s: (self._anchor_for(s),), None)
-            server.info["control_variates"] = "global" if self.anchor.ndim == 1 else "client"
+    def _given_setup(self) -> HandoffSetup:
+        """The set-up when the server chooses nothing: the constructor's settings."""
+        return HandoffSetup(step_size=self.step_size, anchor=self.anchor,
+                            client_weights=self.client_weights)
 
-    def _variates(self, parameters):
-        if "anchor" not in parameters:
+    def _prepare_variates(self, server: ServerSide, anchor) -> None:
+        if anchor is not None:
+            server.ask("anchor_gradient", lambda s: (self._anchor_for(anchor, s),), None)
+            server.info["control_variates"] = "global" if anchor.ndim == 1 else "client"
+
+    @staticmethod
+    def _variates(parameters):
+        if parameters.anchor is None:
             return None
-        return ControlVariates(anchor=parameters["anchor"],
-                               anchor_gradients=parameters["anchor_gradient"][None])
+        return ControlVariates(anchor=parameters.anchor,
+                               anchor_gradients=parameters.anchor_gradient[None])
+
+    def _schedule(self, parameters):
+        """The visit's h_t: the protocol's own, or the constant h the server's set-up chose
+        (sent with the parameters, a traced float32 like the constant schedule's)."""
+        if parameters.step_size is None:
+            return self.schedule
+        step_size = parameters.step_size
+        return lambda t: jnp.full(jnp.shape(t), step_size, dtype=jnp.float32)
 
     def _wants_run_length(self) -> bool:
         """Whether prepare must resolve ``"auto"`` run lengths (a Laplace fit for them)."""
         return self.run_request is not None and self.run_request.any_auto
 
-    def _resolve_run_length(self, server: ServerSide, center, precision) -> None:
-        """thin / burn_in of ``run_request`` from the relaxation time of the h the visit runs
+    def _resolve_run_length(self, server: ServerSide, step_size, center,
+                            precision) -> Optional[tuple]:
+        """(thin, burn_in) of ``run_request`` from the relaxation time of the h the visit runs
         on the Laplace fit (``center``, ``precision``; None: none was made), as the in-process
-        set-up resolves them (``algorithms._resolve_run_length``); recorded in ``server.info``."""
+        set-up resolves them (``algorithms._resolve_run_length``); recorded in ``server.info``.
+        ``None`` when nothing is to resolve."""
         request = self.run_request
         if request is None:
-            return
-        if center is None or callable(self.step_size):
+            return None
+        if center is None or callable(step_size):
             if request.any_auto:
                 argument = "thin" if request.auto_thin else "burn_in"
                 why = ("a constant step size (a schedule's h changes during the run)"
-                       if callable(self.step_size) else "the Laplace fit of the set-up")
+                       if callable(step_size) else "the Laplace fit of the set-up")
                 raise ValueError(f"{argument}='auto' needs {why}; give {argument} as an integer")
-            return
+            return None
         length = run_length.resolve(
-            request, step_size_module.relaxation_time(self.step_size, precision),
+            request, step_size_module.relaxation_time(step_size, precision),
             step_size_module.initial_offset(server.theta0, center, precision),
             name=self.name, info=server.info)
-        self.resolved_run_length = (length.thin, length.burn_in)
+        return (length.thin, length.burn_in)
 
-    def run_length(self, server: ServerSide, thin, burn_in) -> tuple:
+    def run_length(self, server: ServerSide, prepared: HandoffSetup, thin, burn_in) -> tuple:
         """The run's thin and burn_in: those :meth:`prepare` resolved, else as given."""
-        if self.resolved_run_length is not None:
-            return self.resolved_run_length
+        if prepared.run_length is not None:
+            return prepared.run_length
         return thin, burn_in
 
-    def prepare(self, server: ServerSide):
+    def prepare(self, server: ServerSide) -> HandoffSetup:
+        """The clients' Laplace fits when ``"auto"`` settings or run lengths need the
+        posterior's curvature, the settings chosen from the clients' noise statistics
+        (``setup``), the run lengths, and the anchor gradients the clients keep: returned as a
+        :class:`HandoffSetup`."""
         center = precision = None
         if self.setup is not None or self._wants_run_length():
             # DSGLD's curvature: the product of Laplace fits made for the purpose
@@ -325,43 +392,54 @@ class DSGLDProtocol(HandoffProtocol):
                 shift=device_array(np.stack([np.asarray(b) for _, b, _ in fits])))
             center, precision = surrogate_module.laplace_of_product(
                 server.flat_model, laplace, device_array(theta0))
+        chosen = self._given_setup()
         if self.setup is not None:
-            self._setup_on_clients(server, center, precision,
-                                   lambda: np.stack([np.asarray(m) for _, _, m in fits]))
-        self._resolve_run_length(server, center, precision)
-        self._prepare_variates(server)
-        return None
+            chosen = self._setup_on_clients(
+                server, center, precision, lambda: np.stack([np.asarray(m) for _, _, m in fits]))
+        chosen = chosen._replace(
+            run_length=self._resolve_run_length(server, chosen.step_size, center, precision))
+        self._prepare_variates(server, chosen.anchor)
+        return chosen
 
-    def client_parameters(self, server, prepared, weights, clients):
-        return [self._with_anchor({"weight": np.float32(weights[s])}, s) for s in clients]
+    def _shared_entries(self, prepared: HandoffSetup, client: int) -> Dict[str, Any]:
+        """Client ``client``'s anchor, and the h the set-up chose (the clients' copy of the
+        protocol says ``"auto"``, or the h it checked)."""
+        entries: Dict[str, Any] = {}
+        if prepared.anchor is not None:
+            entries["anchor"] = self._anchor_for(prepared.anchor, client)
+        if self.setup is not None:
+            entries["step_size"] = np.float32(prepared.step_size)
+        return entries
 
-    def _with_anchor(self, entry: Dict[str, Any], client: int) -> Dict[str, Any]:
-        if self.anchor is not None:
-            entry["anchor"] = self._anchor_for(client)
-        if self.setup is not None:  # the h the set-up chose (the clients' copy says "auto")
-            entry["step_size"] = self.step_size
-        return entry
+    def client_parameters(self, server, prepared: HandoffSetup, weights, clients):
+        return [DSGLDParameters(weight=np.float32(weights[s]), **self._shared_entries(prepared, s))
+                for s in clients]
 
     def complete_parameters(self, context, parameters):
-        parameters = dict(parameters)
-        if "step_size" in parameters:  # a constant of the compiled visit, as in-process
-            self._set_step_size(float(parameters.pop("step_size")))
-        if "anchor" in parameters:
-            parameters["anchor_gradient"] = context.store["anchor_gradient"]
+        if parameters.anchor is not None:  # the client's own gradient at its anchor
+            parameters = parameters._replace(anchor_gradient=context.store["anchor_gradient"])
         return parameters
 
-    def _kernel(self, context: ClientContext, parameters: Dict[str, Any]):
+    def _kernel(self, context: ClientContext, parameters: DSGLDParameters):
         return dsgld.build_kernel(
-            context.flat_model, context.data, parameters["weight"][None], self.batch_size,
-            self.local_steps, self.schedule, self.noise,
+            context.flat_model, context.data, parameters.weight[None], self.batch_size,
+            self.local_steps, self._schedule(parameters), self.noise,
             control_variates=self._variates(parameters))
 
     def build_update(self, context, parameters):
         step = self._kernel(context, parameters)
+        flat_model = context.flat_model
 
-        def update(key, carry, iteration):
-            state = dsgld.init(carry[0], 1)._replace(iteration=iteration)
-            return (step(key, state).position,)
+        def update(update_step: UpdateStep, carry):
+            # the in-process kernel's random numbers, from the keys it splits off the
+            # iteration's key (protocols.update_step); the scheduler's uniform is not needed:
+            # the one client of this layout is client 0 whatever it is
+            noises = noise_from_keys(np.float32(0.0), update_step.minibatch_key,
+                                     update_step.noise_key, self.batch_size, flat_model.dim,
+                                     flat_model.dtype)
+            block = jax.tree_util.tree_map(lambda leaf: leaf[None], noises)
+            state = dsgld.init(carry[0], 1)._replace(iteration=update_step.iteration)
+            return (run_updates(step, block, state).position,)
 
         return update
 
@@ -392,8 +470,9 @@ class FSGLDProtocol(DSGLDProtocol):
         self.trust_radius = trust_radius
         self.radius_probes_per_client = int(radius_probes_per_client)
 
-    def _first_step_size(self) -> float:
-        return float(self.step_size(0)) if callable(self.step_size) else float(self.step_size)
+    @staticmethod
+    def _first_step_size(step_size) -> float:
+        return float(step_size(0)) if callable(step_size) else float(step_size)
 
     # ------------------------------------------------------------------ client side
     def client_fit_surrogate(self, context: ClientContext, theta0):
@@ -404,7 +483,8 @@ class FSGLDProtocol(DSGLDProtocol):
         options: Dict[str, Any] = {"diagonal": self.diagonal}
         if self.surrogate == "sgld":
             step = self.surrogate_step_size
-            options.update(step_size=self._first_step_size() if step is None else step,
+            options.update(step_size=self._first_step_size(self.step_size) if step is None
+                           else step,
                            batch_size=self.batch_size, draws=self.surrogate_draws,
                            burn_in=self.surrogate_burn_in)
         key = _client_fit_key(setup_key(context.seed), num_clients, np.int32(context.index))
@@ -453,7 +533,8 @@ class FSGLDProtocol(DSGLDProtocol):
         """The clients' set-up of ``"auto"`` (:meth:`_setup_on_clients`) on the FSGLD
         estimator: under ``"auto"`` Laplace surrogates re-expanded at the global mode by
         Newton rounds of the clients' expansions, then the noise at the Laplace fit of
-        prior x q. Returns the surrogates and that Laplace fit's centre and precision."""
+        prior x q. Returns the settings chosen, the surrogates and that Laplace fit's centre
+        and precision."""
         theta0 = device_array(server.theta0)
         if self.step_size == "auto" and self.surrogate == "laplace":
             diagonal = surrogates.diagonal
@@ -475,15 +556,16 @@ class FSGLDProtocol(DSGLDProtocol):
 
         center, metric = surrogate_module.laplace_of_product(server.flat_model, surrogates,
                                                              theta0)
-        self._setup_on_clients(server, center, metric, modes, surrogates)
-        return surrogates, center, metric
+        chosen = self._setup_on_clients(server, center, metric, modes, surrogates)
+        return chosen, surrogates, center, metric
 
     def complete_parameters(self, context, parameters):
         parameters = super().complete_parameters(context, parameters)
-        if "precision" in parameters:  # given surrogates: the server sends each its own
-            context.store["surrogate"] = (parameters["precision"], parameters["shift"])
+        if parameters.precision is not None:  # given surrogates: the server sends each its own
+            context.store["surrogate"] = (parameters.precision, parameters.shift)
         elif "surrogate" in context.store:
-            parameters["precision"], parameters["shift"] = context.store["surrogate"]
+            precision, shift = context.store["surrogate"]
+            parameters = parameters._replace(precision=precision, shift=shift)
         else:
             raise ValueError("FSGLD client configured before its surrogate is known")
         return parameters
@@ -505,26 +587,29 @@ class FSGLDProtocol(DSGLDProtocol):
             surrogates = surrogate_module.as_surrogates(self.surrogate, dim,
                                                         server.num_clients)
             given = True
+        chosen = self._given_setup()
         if self.setup is not None:
-            surrogates, center, metric = self._setup_fsgld(server, surrogates)
+            chosen, surrogates, center, metric = self._setup_fsgld(server, surrogates)
         elif self.run_request is not None:
             # the run lengths' curvature: the Laplace fit of prior x q, as in-process
             center, metric = surrogate_module.laplace_of_product(
                 server.flat_model, surrogates, device_array(server.theta0))
         else:
             center = metric = None
-        self._resolve_run_length(server, center, metric)
-        self._prepare_variates(server)
+        chosen = chosen._replace(
+            run_length=self._resolve_run_length(server, chosen.step_size, center, metric),
+            surrogates=surrogates, surrogates_given=given)
+        self._prepare_variates(server, chosen.anchor)
         server.info.update(
             surrogate=self.surrogate if isinstance(self.surrogate, str) else "given",
             surrogate_diagonal=surrogates.diagonal, alpha=self.alpha,
             alpha_warmup=self.alpha_warmup)
-        return surrogates, given
+        return chosen
 
-    def client_parameters(self, server, prepared, weights, clients):
+    def client_parameters(self, server, prepared: HandoffSetup, weights, clients):
         """f_s, q over ``clients`` and the trust region (``trust_radius="auto"``: from the
         clients' estimator moments, ``fsgld.auto_trust_radius``)."""
-        surrogates, given = prepared
+        surrogates, given = prepared.surrogates, prepared.surrogates_given
         kept = np.asarray(list(clients))
         # indexed on the host: a device array indexed by a NumPy array runs four eager
         # programs (index normalisation, gather), each compiled or loaded by the driver
@@ -551,44 +636,45 @@ class FSGLDProtocol(DSGLDProtocol):
                 if len(kept) < len(weights):
                     share = share / share.sum()
                 trace = fsgld.noise_trace_from_moments(share, means, second)
-                radius = fsgld.auto_trust_radius(server.flat_model.dim, self._first_step_size(),
+                radius = fsgld.auto_trust_radius(server.flat_model.dim,
+                                                 self._first_step_size(prepared.step_size),
                                                  trace)
             trust = (np.asarray(center), np.asarray(metric), np.float32(radius))
             server.info["trust_radius"] = radius
         else:
             server.info["trust_radius"] = None
-        parameters: List[Dict[str, Any]] = []
+        parameters: List[FSGLDParameters] = []
         for s in kept.tolist():
-            entry = self._with_anchor({"weight": np.float32(weights[s]),
-                                       "global_precision": global_surrogate[0],
-                                       "global_shift": global_surrogate[1]}, s)
+            entry: Dict[str, Any] = self._shared_entries(prepared, s)
             if given:
-                entry["precision"], entry["shift"] = precisions[s], shifts[s]
+                entry.update(precision=precisions[s], shift=shifts[s])
             if trust is not None:
                 entry.update(trust_center=trust[0], trust_precision=trust[1],
                              trust_radius=trust[2])
-            parameters.append(entry)
+            parameters.append(FSGLDParameters(
+                weight=np.float32(weights[s]), global_precision=global_surrogate[0],
+                global_shift=global_surrogate[1], **entry))
         return parameters
 
-    def run_length(self, server: ServerSide, thin, burn_in) -> tuple:
-        thin, burn_in = super().run_length(server, thin, burn_in)
+    def run_length(self, server: ServerSide, prepared: HandoffSetup, thin, burn_in) -> tuple:
+        thin, burn_in = super().run_length(server, prepared, thin, burn_in)
         if not (run_length.is_auto(thin) or run_length.is_auto(burn_in)):
             fsgld.check_alpha_warmup(self.alpha_warmup, burn_in, thin)
         return thin, burn_in
 
     def _kernel(self, context, parameters):
         trust = None
-        if "trust_center" in parameters:
-            trust = fsgld.TrustRegion(center=parameters["trust_center"],
-                                      precision=parameters["trust_precision"],
-                                      radius=parameters["trust_radius"])
+        if parameters.trust_center is not None:
+            trust = fsgld.TrustRegion(center=parameters.trust_center,
+                                      precision=parameters.trust_precision,
+                                      radius=parameters.trust_radius)
         return fsgld.build_kernel(
-            context.flat_model, context.data, parameters["weight"][None], self.batch_size,
-            self.local_steps, self.schedule,
-            surrogate_module.GaussianSurrogates(parameters["precision"][None],
-                                                parameters["shift"][None]),
-            surrogate_module.ProductSurrogate(parameters["global_precision"],
-                                              parameters["global_shift"]),
+            context.flat_model, context.data, parameters.weight[None], self.batch_size,
+            self.local_steps, self._schedule(parameters),
+            surrogate_module.GaussianSurrogates(parameters.precision[None],
+                                                parameters.shift[None]),
+            surrogate_module.ProductSurrogate(parameters.global_precision,
+                                              parameters.global_shift),
             fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise, trust,
             control_variates=self._variates(parameters))
 

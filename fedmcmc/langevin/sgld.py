@@ -19,7 +19,7 @@ from ..federation import ConcatenatedData
 from ..minibatch import likelihood_gradient, some_client_smaller, take_minibatch
 from ..model import FlatModel
 
-__all__ = ["SGLDState", "StepNoise", "LangevinStep", "run_updates", "init",
+__all__ = ["SGLDState", "StepNoise", "LangevinStep", "run_updates", "init", "noise_from_keys",
            "build_kernel"]
 
 
@@ -94,6 +94,14 @@ def step_noise(key, batch_size: int, dim: int, dtype, client_dtype=jnp.float32) 
         client = rng.uniform(key_client, ())
     else:
         client = jax.random.uniform(key_client, (), dtype=client_dtype)
+    return noise_from_keys(client, key_batch, key_noise, batch_size, dim, dtype)
+
+
+def noise_from_keys(client, key_batch, key_noise, batch_size: int, dim: int,
+                    dtype) -> StepNoise:
+    """:func:`step_noise` once its key is split: the minibatch's uniforms from ``key_batch``,
+    the Langevin noise from ``key_noise``, the scheduler's uniform ``client`` as given (a
+    hand-off protocol's update, handed its two keys, gives 0: its one client is known)."""
     return StepNoise(
         client=client,
         batch=rng.uniform(key_batch, (batch_size,)),

@@ -19,6 +19,7 @@ import fedmcmc as fm
 from fedmcmc import surrogates
 from fedmcmc.engines.handoff import HandoffClient
 from fedmcmc.langevin import handoff as langevin_handoff
+from fedmcmc.langevin.handoff import DSGLDParameters
 from fedmcmc.protocols import client_context
 
 MODEL = fm.Model(
@@ -82,7 +83,7 @@ def test_visits_of_same_shaped_clients_lower_to_one_program():
     protocol = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
     clients = [_client(s, _rows(s, n), protocol) for s, n in ((0, 30), (1, 30), (2, 31))]
     for client in clients:
-        client.configure({"weight": np.float32(1 / 3)})
+        client.configure(DSGLDParameters(weight=np.float32(1 / 3)))
 
     def program(client):
         carry = protocol.init_carry(np.zeros(4, np.float32))
@@ -108,7 +109,7 @@ def test_a_run_with_another_seed_keeps_the_traced_visit_and_makes_its_own_draws(
     rows = _rows(0, 30)
     clients = [_client(0, rows, protocol, seed=seed) for seed in (0, 1, 0)]
     for client in clients:
-        client.configure({"weight": np.float32(1 / 3)})
+        client.configure(DSGLDParameters(weight=np.float32(1 / 3)))
     assert clients[0]._visit is clients[1]._visit is clients[2]._visit
     carry = protocol.init_carry(np.zeros(4, np.float32))
     ends = [client.visit(0, carry, 0)[0][0] for client in clients]
@@ -117,7 +118,7 @@ def test_a_run_with_another_seed_keeps_the_traced_visit_and_makes_its_own_draws(
     # and a client built alone for seed 1 (its own trace) makes seed 1's draws
     fresh = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
     alone = _client(0, rows, fresh, seed=1)
-    alone.configure({"weight": np.float32(1 / 3)})
+    alone.configure(DSGLDParameters(weight=np.float32(1 / 3)))
     assert alone._visit is not clients[1]._visit
     np.testing.assert_array_equal(alone.visit(0, carry, 0)[0][0], ends[1])
 
@@ -127,7 +128,7 @@ def test_a_protocol_that_does_not_promise_it_gets_a_visit_per_client():
     protocol.update_reads_only_rows = False  # e.g. an update that reads context.index
     clients = [_client(s, _rows(s, 30), protocol) for s in (0, 1)]
     for client in clients:
-        client.configure({"weight": np.float32(1 / 3)})
+        client.configure(DSGLDParameters(weight=np.float32(1 / 3)))
     assert clients[0]._visit is not clients[1]._visit
 
 
@@ -210,7 +211,8 @@ client = HandoffClient(1, rows, model, init, fsgld, spec)
 precision, shift = client.setup("fit_surrogate", np.zeros(3, np.float32))
 client.setup("estimator_moments", 0.3, (precision, shift), np.zeros(3, np.float32))
 dsgld = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=5).handoff_protocol()
-HandoffClient(1, rows, model, init, dsgld, spec).configure({"weight": np.float32(0.5)})
+from fedmcmc.langevin.handoff import DSGLDParameters
+HandoffClient(1, rows, model, init, dsgld, spec).configure(DSGLDParameters(weight=np.float32(0.5)))
 print("\n".join(names))
 """
 

@@ -1,32 +1,22 @@
-"""A hand-off sampler defined outside the package runs on both engines with no edit of fedmcmc
-(issue 14): stochastic-gradient Hamiltonian Monte Carlo (Chen, Fox and Guestrin, 2014), whose
-momentum travels with the chain from client to client.
+"""The hand-off engine (``fedmcmc.engines.handoff``) on the in-process transport: a carry that
+travels between clients, set-up phases, no Ray import in-process, clear errors, run options,
+and client failures (crash, drop, hang, divergence) through fault injection.
 
-The federation has clients of very unequal size (4 to 61 rows) whose sample means are made
-equal, and the batch is the largest client, so every client's estimator (4),
-grad log p(theta) + (1/f_s) grad log p(x_s | theta), is the full posterior gradient: the only
-errors left are SGHMC's discretisation, O(h). The test compares the draws with the exact
-Gaussian posterior (tolerances from the effective sample size) and rejects two broken
-variants with the same check: half the friction noise, and a momentum that does not travel
-(reset to zero at every visit, which drains kinetic energy at each hand-off).
+A sampler written outside the package (SGHMC, momentum travelling with the chain) and its
+statistical checks are in test_user_protocol.py.
 """
 
-import os
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fedmcmc as fm
-from fedmcmc.algorithm import Algorithm
 from fedmcmc.engines.handoff import sample_protocol
-from fedmcmc.langevin.estimators import draw_minibatch, dsgld_gradient
 from fedmcmc.protocols import HandoffProtocol
 
 from chunks import DrawsReceived
-from stats import check_gaussian_moments
 
 DIM = 2
 SIZES = (4, 9, 17, 30, 61)
@@ -46,124 +36,25 @@ def equal_mean_federation(seed=0, common_mean=(0.7, -0.4)):
     return fm.Federation(clients)
 
 
-def posterior(federation):
-    precision = federation.total_size + 1.0
-    return federation.pooled().sum(axis=0) / precision, precision
+class Counting(HandoffProtocol):
+    """A deterministic carry (position, counter): the counter advances by one per update on
+    whichever client the chain is."""
 
-
-class SGHMCProtocol(HandoffProtocol):
-    """SGHMC (Chen et al., 2014, equation (15), unit mass, no noise estimate B_hat):
-    theta' = theta + h v;  v' = v + h g(theta') - h C v + N(0, 2 C h), with g the client's
-    estimator (4). The carry is (position, momentum)."""
-
-    name = "SGHMC"
-
-    def __init__(self, step_size, friction, batch_size, local_steps, noise_factor=2.0,
-                 carry_momentum=True):
-        self.step_size, self.friction = float(step_size), float(friction)
-        self.batch_size, self.local_steps = int(batch_size), int(local_steps)
-        self.noise_factor = float(noise_factor)  # 2 is SGHMC; 1 is a broken variant
-        self.carry_momentum = bool(carry_momentum)  # False: a broken variant
+    name, local_steps = "counting", 3
 
     def init_carry(self, position):
-        return (position, np.zeros_like(position))
+        return (position, np.zeros((), np.float32))
 
     def build_update(self, context, parameters):
-        h, friction, batch_size = self.step_size, self.friction, self.batch_size
-        noise_sd = float(np.sqrt(self.noise_factor * friction * h))
-        local_steps, carry_momentum = self.local_steps, self.carry_momentum
-
-        def update(key, carry, iteration):
-            position, momentum = carry
-            if not carry_momentum:
-                momentum = jnp.where(iteration % local_steps == 0, 0.0, momentum)
-            # split(key, 3)[0] is the engine's client draw: use the other two
-            _, key_batch, key_noise = jax.random.split(key, 3)
-            position = position + h * momentum
-            minibatch = draw_minibatch(key_batch, context.data, 0, batch_size)
-            gradient = dsgld_gradient(context.flat_model, position, minibatch,
-                                      parameters["weight"])
-            momentum = (momentum + h * gradient - h * friction * momentum
-                        + noise_sd * jax.random.normal(key_noise, position.shape, position.dtype))
-            return (position, momentum)
-
+        def update(step, carry):
+            count = carry[1] + 1.0
+            return (jnp.full_like(carry[0], count), count)
         return update
 
 
-class SGHMC(Algorithm):
-    """The public face of the protocol: what a user would write."""
-
-    name = "SGHMC"
-    engines = ("local", "ray")
-
-    def __init__(self, step_size, friction, batch_size, local_steps, **variant):
-        self.protocol = SGHMCProtocol(step_size, friction, batch_size, local_steps, **variant)
-
-    def sample(self, model, federation, *, engine, **arguments):
-        return sample_protocol(self.protocol, model, federation, engine=engine, **arguments)
-
-
-# h sqrt(precision) = 0.02; friction = sqrt(precision) (critical damping): the autocorrelation
-# time is about 1 / (h C) = 50 updates, two visits
-STEP, FRICTION, LOCAL_STEPS, THIN = 0.002, 10.0, 25, 50
-
-
-def run(num_samples=800, chains=4, seed=2, **variant):
-    federation = equal_mean_federation()
-    algorithm = SGHMC(STEP, FRICTION, batch_size=max(SIZES), local_steps=LOCAL_STEPS, **variant)
-    return fm.sample(MODEL, federation, algorithm, init=jnp.zeros(DIM), num_samples=num_samples,
-                     burn_in=100, thin=THIN, chains=chains, seed=seed)
-
-
-def check(result):
-    mean, precision = posterior(equal_mean_federation())
-    assert precision == pytest.approx(sum(SIZES) + 1.0)
-    # Euler SGHMC's O(h) bias on the variance is about 1% here: a 5% allowance
-    return check_gaussian_moments(result.flat_samples(), mean, np.eye(DIM) / precision,
-                                  extra_var_rtol=0.05)
-
-
-@pytest.fixture(scope="module")
-def sghmc_local():
-    return run()
-
-
-def test_sghmc_defined_outside_the_package_samples_the_posterior(sghmc_local):
-    figures = check(sghmc_local)
-    assert figures["ok"], figures
-    info = sghmc_local.info
-    assert info["algorithm"] == "SGHMC" and info["engine"] == "local"
-    assert info["local_steps"] == LOCAL_STEPS and info["num_clients"] == len(SIZES)
-    # every client was visited, in proportion to its size
-    visits = np.asarray(info["visits_per_client"], float)
-    assert np.all(visits > 0)
-    np.testing.assert_allclose(visits / visits.sum(), np.asarray(SIZES) / sum(SIZES), atol=0.03)
-    assert set(np.unique(sghmc_local.sample_stats["client"])) == set(range(len(SIZES)))
-
-
-@pytest.mark.parametrize("variant", [{"noise_factor": 1.0}, {"carry_momentum": False}],
-                         ids=["half-friction-noise", "momentum-not-carried"])
-def test_the_same_check_rejects_broken_variants(variant):
-    figures = check(run(**variant))
-    assert not figures["ok"], figures
-
-
 def test_the_carry_travels_between_clients():
-    """A deterministic carry (position, counter): the counter advances by one per update on
-    whichever client the chain is, so each draw's position is its iteration count."""
-
-    class Counting(HandoffProtocol):
-        name, local_steps = "counting", 3
-
-        def init_carry(self, position):
-            return (position, np.zeros((), np.float32))
-
-        def build_update(self, context, parameters):
-            def update(key, carry, iteration):
-                count = carry[1] + 1.0
-                return (jnp.full_like(carry[0], count), count)
-            return update
-
+    """The counter advances by one per update on whichever client the chain is, so each
+    draw's position is its iteration count."""
     result = sample_protocol(Counting(), MODEL, equal_mean_federation(), engine="local",
                              init=jnp.zeros(DIM), num_samples=10, burn_in=0, thin=2, chains=2,
                              seed=0)
@@ -189,7 +80,7 @@ def test_the_in_process_engine_does_not_import_ray(monkeypatch):
     about 0.4 s (issue 18)."""
     monkeypatch.delitem(sys.modules, "ray", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_RefuseRay()] + sys.meta_path)
-    result = sample_protocol(SGHMCProtocol(STEP, FRICTION, 5, 5), MODEL, equal_mean_federation(),
+    result = sample_protocol(Counting(), MODEL, equal_mean_federation(),
                              engine="local", init=jnp.zeros(DIM), num_samples=2, burn_in=0,
                              thin=1, chains=1, seed=0)
     assert [where["client"] for where in result.info["client_locations"]] == list(range(5))
@@ -202,33 +93,12 @@ def test_protocol_errors_are_clear():
         sample_protocol(object(), MODEL, federation, engine="local", init=jnp.zeros(DIM),
                         num_samples=2, burn_in=0, thin=1, chains=1, seed=0)
     with pytest.raises(ValueError, match="engine must be"):
-        sample_protocol(SGHMCProtocol(STEP, FRICTION, 5, 5), MODEL, federation, engine="gpu",
+        sample_protocol(Counting(), MODEL, federation, engine="gpu",
                         init=jnp.zeros(DIM), num_samples=2, burn_in=0, thin=1, chains=1, seed=0)
     with pytest.raises(ValueError, match="ray_address is a Ray option"):
-        sample_protocol(SGHMCProtocol(STEP, FRICTION, 5, 5), MODEL, federation, engine="local",
+        sample_protocol(Counting(), MODEL, federation, engine="local",
                         init=jnp.zeros(DIM), num_samples=2, burn_in=0, thin=1, chains=1, seed=0,
                         ray_address="127.0.0.1:1")
-
-
-def test_sghmc_on_ray_equals_the_in_process_run(sghmc_local, tmp_path_factory):
-    """The same protocol on Ray (one actor per client; the test module's classes are pickled
-    by value, as a user's script's would be): the same draws as in-process."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on loopback
-    ray = pytest.importorskip("ray")
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    federation = equal_mean_federation()
-    algorithm = SGHMC(STEP, FRICTION, batch_size=max(SIZES), local_steps=LOCAL_STEPS)
-    on_ray = fm.sample(MODEL, federation, algorithm, init=jnp.zeros(DIM), num_samples=60,
-                       burn_in=100, thin=THIN, chains=4, seed=2, engine="ray",
-                       visit_timeout=120.0,
-                       ray_init_options={"num_cpus": 2,
-                                         "_temp_dir": str(tmp_path_factory.mktemp("ray"))})
-    assert not ray.is_initialized()  # fedmcmc shut down the instance it started
-    assert on_ray.info["engine"] == "ray" and on_ray.info["ray_authentication"] == "token"
-    np.testing.assert_allclose(on_ray.flat_samples(), sghmc_local.flat_samples()[:, :60],
-                               rtol=0, atol=1e-5)
-    np.testing.assert_array_equal(on_ray.sample_stats["client"],
-                                  sghmc_local.sample_stats["client"][:, :60])
 
 
 # --------------------------------------------------------------------- failures, in-process
