@@ -42,9 +42,6 @@ from ..callsite import user_stacklevel
 from ..checkpoint import resume_from, split_run_options
 from ..engines.comm import ClientFailureError
 from ..engines.local import run_chains
-from ..engines.options import check_engine_options
-from ..engines.ray_engine import ray_transports
-from ..engines.ray_security import record_ray_authentication
 from ..results import assemble_result, divergence_details, diverged_error
 from . import consensus, distributed, fald, qlsd, tuning
 from .common import client_likelihood_gradients, global_mode, unravel_numpy
@@ -60,8 +57,9 @@ def _layout(model, federation, init):
 
 
 class _Baseline(Algorithm):
-    """What the three baselines share: ``engine="local"`` runs their ``sample_local``,
-    ``engine="ray"`` their ``sample_distributed`` with one Ray actor per client.
+    """What the three baselines share: the in-process engine runs their ``sample_local``, a
+    message-passing engine (``engine="ray"``: one Ray actor per client) their
+    ``sample_distributed``.
 
     ``thin`` and ``burn_in`` may be ``"auto"`` on both engines (``supports_run_request``:
     ``fm.sample`` passes its :class:`fedmcmc.run_length.RunRequest` as the ``run_request``
@@ -71,20 +69,21 @@ class _Baseline(Algorithm):
     ``info["burn_in"]``."""
 
     supports_run_request: bool = True
+    #: every baseline has a message-passing run (:meth:`sample_distributed`)
+    message_passing: bool = True
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
-        request = options.pop("run_request", None)  # before the run options are checked
+    def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
+                           thin, chains, seed, progress, run_request=None, **options):
+        """One endpoint per client on the message-passing ``engine``'s transport
+        (:meth:`sample_on_transport`, ``fedmcmc.baselines.distributed``)."""
         run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                   chains=chains, seed=seed, progress=progress, run_request=request)
-        if engine != "ray":
-            return self.sample_local(model, federation, **run, **options)
+                   chains=chains, seed=seed, progress=progress, run_request=run_request)
         self.check_run(model.flatten(init).dim, chains, num_samples)
         self.check_engine_run_options(options)
-        engine_options = check_engine_options(options, self.name)
-        with ray_transports(engine_options) as make_transport:
-            return record_ray_authentication(self.sample_distributed(
-                model, federation, make_transport, "ray", engine_options, **run))
+        engine_options = engine.session_options(options, self.name)
+        with engine.transports() as make_transport:
+            return engine.record(self.sample_on_transport(
+                model, federation, make_transport, engine.label, engine_options, **run))
 
     def check_run(self, dim: int, chains: int, num_samples: int) -> None:
         """Refuse run arguments the algorithm cannot use (``ValueError``); default: none."""
@@ -238,7 +237,6 @@ class FALD(_Baseline):
     2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
-    engines = ("local", "ray")
     divergence_threshold: float = 1e10
     supports_resume: bool = True
 
@@ -379,7 +377,7 @@ class FALD(_Baseline):
                                  _diverged_cause(self, "lower step_size or local_steps"))
         return result
 
-    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, make_transport, engine_label, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds
@@ -454,7 +452,6 @@ class QLSD(_Baseline):
     2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
-    engines = ("local", "ray")
     divergence_threshold: float = 1e10
     supports_resume: bool = True
 
@@ -625,7 +622,7 @@ class QLSD(_Baseline):
                 self, "lower step_size (all chains stop at that draw)"))
         return result
 
-    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, make_transport, engine_label, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds
@@ -691,7 +688,6 @@ class ConsensusMC(_Baseline):
         NUTS tree depth limit.
     """
 
-    engines = ("local", "ray")
     name = "ConsensusMC"
     divergence_threshold: float = 1e10
     supports_resume: bool = False
@@ -866,7 +862,7 @@ class ConsensusMC(_Baseline):
                 "a sampler without a combination step", consensus.CombinationWarning,
                 stacklevel=user_stacklevel())
 
-    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, make_transport, engine_label, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
         """One endpoint per client on the transport ``make_transport(specs)`` builds

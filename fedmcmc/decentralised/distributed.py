@@ -51,15 +51,13 @@ from ..engines.comm import gather as comm_gather
 from ..engines.driver import ChainRun, drive
 from ..engines.local import iteration_key
 from ..engines.neighbour import NeighbourClient
-from ..engines.options import check_engine_options, protocol_run_options
+from ..engines.options import protocol_run_options
 from ..minibatch import likelihood_gradient, take_minibatch
 from ..model import unravel_draws_numpy
 from ..protocols import ClientContext
 from ..results import assemble_result
 from ..schedules import decaying_schedule
 from . import kernels
-from ..engines.ray_engine import ray_transports
-from ..engines.ray_security import session_authentication
 
 __all__ = ["AgentFunctions", "NeighbourRun", "run_neighbour", "sample_decentralised"]
 
@@ -216,18 +214,18 @@ class AgentFunctions:
         return context.store["agent"].gradient_terms(w_bar)
 
 
-def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
-                         chains, seed, progress=None, **options):
-    """DULA/GT-DULA with the agents in Ray actors (``engine="ray"``): :func:`run_neighbour`
-    on a :class:`~fedmcmc.engines.ray_engine.RayTransport` inside the authenticated session;
-    returns its :class:`NeighbourRun`."""
-    options = check_engine_options(options, algorithm.name)
-    with ray_transports(options) as make_transport:
-        authentication = session_authentication()  # for info (ray_security.py)
-        neighbour_run = run_neighbour(algorithm, model, federation, make_transport, "ray", options,
-                               init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                               chains=chains, seed=seed, progress=progress)
-    neighbour_run.result.info.update(authentication)
+def sample_decentralised(algorithm, model, federation, engine, *, init, num_samples, burn_in,
+                         thin, chains, seed, progress=None, **options):
+    """DULA/GT-DULA with the agents as endpoints of the message-passing ``engine`` (on Ray,
+    actors): :func:`run_neighbour` on its transport inside its session; ``options``: the run
+    options (``chunk_size``, ``on_draws``). Returns the :class:`NeighbourRun`."""
+    options = engine.session_options(options, algorithm.name)
+    with engine.transports() as make_transport:
+        neighbour_run = run_neighbour(algorithm, model, federation, make_transport,
+                                      engine.label, options, init=init,
+                                      num_samples=num_samples, burn_in=burn_in, thin=thin,
+                                      chains=chains, seed=seed, progress=progress)
+        engine.record(neighbour_run.result)
     return neighbour_run
 
 

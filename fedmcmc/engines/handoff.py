@@ -48,17 +48,17 @@ from ..federation import Federation, describe_client
 from ..model import unravel_draws_numpy
 from ..protocols import HandoffProtocol, ServerSide, client_context, client_function, draw_client
 from ..results import assemble_result, divergence_details, diverged_error
-from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
+from .comm import (ClientEndpoint, ClientFailure, ClientFailureError,
                    Transport, call_all, describe_federation, gather_before_sampling,
                    with_fault_injection)
 from .driver import PartialDraws, check_draws, drive
 from .local import iteration_key
-from .options import check_engine_options, protocol_run_options
-from .ray_engine import ray_transports
-from .ray_security import record_ray_authentication
+from .engine import InProcessEngine, ProtocolEngine
+from .options import ENGINE_OPTIONS, RAY_ONLY_OPTIONS, protocol_run_options
+from .ray_engine import RayEngine
 
 __all__ = ["HandoffClient", "HandoffServer", "sample_handoff", "sample_protocol",
-           "sample_on_ray"]
+           "sample_on_engine", "protocol_engine"]
 
 
 # ----------------------------------------------------------------------------- client side
@@ -588,49 +588,66 @@ def _result_of(run, server: HandoffServer, name: str, flat_model, base_info, tra
         unravel=lambda draws: unravel_draws_numpy(flat_model, draws))
 
 
-def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str, init,
+def protocol_engine(engine: Any, options: Dict[str, Any]) -> ProtocolEngine:
+    """The message-passing engine ``engine`` names: itself when it is a
+    :class:`~fedmcmc.engines.engine.ProtocolEngine`; ``"ray"``: a
+    :class:`~fedmcmc.engines.ray_engine.RayEngine` of the engine options among ``options``;
+    ``"local"``: an :class:`~fedmcmc.engines.engine.InProcessEngine` of the options every
+    message-passing engine takes. The engine options are removed from ``options`` (what stays
+    are the run's); ``ValueError`` naming ``engine`` or a misplaced option otherwise."""
+    if isinstance(engine, ProtocolEngine):
+        return engine
+    if isinstance(engine, str) and engine == "ray":
+        return RayEngine.from_options({k: options.pop(k) for k in ENGINE_OPTIONS
+                                       if k in options})
+    if isinstance(engine, str) and engine == "local":
+        ray_only = [k for k in RAY_ONLY_OPTIONS if options.get(k) not in (None, False, 0)]
+        if ray_only:
+            raise ValueError(f"{ray_only[0]} is a Ray option; engine='local' takes none")
+        common = {k: options.pop(k) for k in ENGINE_OPTIONS
+                  if k in options and k not in RAY_ONLY_OPTIONS}
+        return InProcessEngine(**common)
+    raise ValueError(f"engine must be 'local', 'ray' or a message-passing engine object "
+                     f"such as fm.RayEngine(...), got {engine!r}")
+
+
+def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: Any, init,
                     num_samples: int, burn_in: int, thin: int, chains: int, seed: int,
                     progress: Optional[bool] = None, info: Optional[Dict[str, Any]] = None,
                     **options):
     """Run a hand-off ``protocol`` on ``engine``: ``"local"`` (its clients as objects in this
     process, :class:`~fedmcmc.engines.comm.InProcessTransport`, message for message as on
-    Ray) or ``"ray"`` (client endpoints in Ray actors, :func:`sample_on_ray`).
+    Ray), ``"ray"`` (client endpoints in Ray actors) or a message-passing engine object
+    (``fm.RayEngine(...)``; :func:`protocol_engine`).
 
     This is what an algorithm defined outside the package calls from its ``sample``: it
     needs no edit of fedmcmc (``docs/development``, "Adding a hand-off algorithm").
-    ``options``: the engine options of ``fedmcmc.engines.options`` (``visit_timeout``,
-    ``on_client_failure``, ``audit_messages``, and on Ray ``ray_address`` etc.), and the run
-    options ``chunk_size`` and ``on_draws`` (``on_chunk`` is not called: no resume).
+    ``options``: with an engine named by a string, the engine options of
+    ``fedmcmc.engines.options`` (``visit_timeout``, ``on_client_failure``,
+    ``audit_messages``, and on Ray ``ray_address`` etc.); and the run options
+    ``chunk_size`` and ``on_draws`` (``on_chunk`` is not called: no resume).
     """
     if not isinstance(protocol, HandoffProtocol):
         raise ValueError(f"protocol must be a fedmcmc.protocols.HandoffProtocol, got {protocol!r}")
-    common = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                  chains=chains, seed=seed, progress=progress, info=info)
-    if engine == "ray":
-        return sample_on_ray(protocol, model, federation, **common, **options)
-    if engine != "local":
-        raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
-    options = check_engine_options(options, protocol.name, engine="local")
-    return sample_handoff(
-        protocol, model, federation,
-        lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
-        engine_label="local", visit_timeout=options.get("visit_timeout"),
-        on_client_failure=options["on_client_failure"],
-        audit_messages=bool(options.get("audit_messages", False)),
-        fault_injection=options.get("fault_injection"), **protocol_run_options(options),
-        **common)
+    options = dict(options)
+    engine = protocol_engine(engine, options)
+    return sample_on_engine(protocol, model, federation, engine, init=init,
+                            num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
+                            seed=seed, progress=progress, info=info, **options)
 
 
-def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_samples, burn_in,
-                  thin, chains, seed, progress=None, info=None, **options):
-    """A hand-off protocol (DSGLD, FSGLD, or one defined outside the package) on Ray, the
-    client endpoints placed in actors as the engine options ask (``ray_engine.py``)."""
-    options = check_engine_options(options, protocol.name)
-    with ray_transports(options) as make_transport:
-        return record_ray_authentication(sample_handoff(
+def sample_on_engine(protocol: HandoffProtocol, model, federation, engine: ProtocolEngine, *,
+                     init, num_samples, burn_in, thin, chains, seed, progress=None, info=None,
+                     **run_options):
+    """A hand-off protocol (DSGLD, FSGLD, or one defined outside the package) on the client
+    endpoints of the message-passing ``engine`` (on Ray: placed in actors as the engine's
+    options ask, ``ray_engine.py``); ``run_options``: ``chunk_size``, ``on_draws``."""
+    options = engine.session_options(run_options, protocol.name)
+    with engine.transports() as make_transport:
+        return engine.record(sample_handoff(
             protocol, model, federation, make_transport,
             init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
-            seed=seed, engine_label="ray",
+            seed=seed, engine_label=engine.label,
             visit_timeout=options.get("visit_timeout"),
             on_client_failure=options["on_client_failure"],
             audit_messages=bool(options.get("audit_messages", False)),

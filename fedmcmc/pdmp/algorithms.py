@@ -76,10 +76,7 @@ from .output import ess_from_batch_sums
 from .setup import LocalWorkers
 from .single import make_reference
 from .zigzag import ZigZagSpec
-from ..engines.options import check_engine_options
 from ..engines.comm import ClientFailureError
-from ..engines.ray_engine import ray_transports
-from ..engines.ray_security import record_ray_authentication
 
 __all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError", "BuiltSampler"]
 
@@ -220,8 +217,8 @@ class BuiltSampler(NamedTuple):
 
 class _FedPDMP(Algorithm):
     spec: Any = None
-    #: "ray": one Ray actor per worker, broadcast-and-gather per event (pdmp/distributed.py)
-    engines = ("local", "ray")
+    #: the broadcast-and-gather run (:meth:`sample_distributed`; on Ray one actor per worker)
+    message_passing = True
     divergence_threshold = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
     #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)
@@ -332,9 +329,28 @@ class _FedPDMP(Algorithm):
         returns the posterior mode and Hessian there (federated Newton)."""
         return None
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, skeleton=False, init_jitter=0.0, rate_diagnostics=True,
-               **options):
+    def _check_run(self, thin, burn_in, run_request) -> None:
+        """``thin`` and ``burn_in`` (``ValueError``), checked before either run."""
+        if run_length.is_auto(thin):
+            raise ValueError(
+                f"thin='auto' does not apply to {self.name}: it takes a draw every "
+                "sample_interval units of process time; pass sample_interval='auto' to the "
+                f"algorithm ({self.name}(sample_interval='auto')) and thin=1")
+        if run_length.is_auto(burn_in) and run_request is None:
+            raise ValueError("burn_in='auto' needs fm.sample's run request (num_samples, chains, "
+                             "max_iterations); call fm.sample, or give burn_in as an integer")
+
+    @staticmethod
+    def _check_outputs(skeleton, init_jitter) -> tuple:
+        """The skeleton's buffer size (``skeleton``) and ``init_jitter``, checked."""
+        if skeleton is True:
+            skeleton = 10_000
+        skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
+        return skeleton_size, check_nonnegative_float(init_jitter, "init_jitter")
+
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, skeleton=False, init_jitter=0.0, rate_diagnostics=True,
+                     **options):
         """Run the sampler (see :func:`fedmcmc.sample`).
 
         Options: ``skeleton`` (False, True = 10,000 points per chain, or an int buffer size):
@@ -347,41 +363,37 @@ class _FedPDMP(Algorithm):
         ``sample_interval="auto"``). The generic run options of
         :mod:`fedmcmc.checkpoint` (``chunk_size``, ``start_draw``, ``resume_state``,
         ``on_chunk``, ``on_draws``) are accepted; ``on_draws`` receives the positions only,
-        in the dtype of ``init`` (the draws of ``result.samples``). With ``engine="ray"``
-        only ``chunk_size`` and ``on_draws`` are used: the run cannot be resumed, so
+        in the dtype of ``init`` (the draws of ``result.samples``). On a message-passing
+        engine (:meth:`sample_distributed`) only ``chunk_size`` and ``on_draws`` are used: the run cannot be resumed, so
         ``on_chunk`` is not called and ``start_draw``/``resume_state`` are refused.
         """
         run_request = options.pop("run_request", None)  # before the run-option checks
-        if run_length.is_auto(thin):
-            raise ValueError(
-                f"thin='auto' does not apply to {self.name}: it takes a draw every "
-                "sample_interval units of process time; pass sample_interval='auto' to the "
-                f"algorithm ({self.name}(sample_interval='auto')) and thin=1")
-        if run_length.is_auto(burn_in) and run_request is None:
-            raise ValueError("burn_in='auto' needs fm.sample's run request (num_samples, chains, "
-                             "max_iterations); call fm.sample, or give burn_in as an integer")
-        if engine == "ray":
-            # with the run options the broadcast run honours: draws per call (its chains wait
-            # for each other only at a chunk's end) and the draws callback; on_chunk is not
-            # called (a Ray run is not resumed from a checkpoint)
-            engine_options = check_engine_options(options, self.name)
-        else:
-            run_options = split_run_options(options, self.name)
-        if skeleton is True:
-            skeleton = 10_000
-        skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
-        init_jitter = check_nonnegative_float(init_jitter, "init_jitter")
-        if engine == "ray":
-            with ray_transports(engine_options) as make_transport:
-                with jax.enable_x64(True):
-                    return record_ray_authentication(self._sample_distributed(
-                        model, federation, init, num_samples, burn_in, chains, seed, progress,
-                        skeleton_size, init_jitter, bool(rate_diagnostics), make_transport,
-                        "ray", engine_options, run_request))
+        self._check_run(thin, burn_in, run_request)
+        run_options = split_run_options(options, self.name)
+        skeleton_size, init_jitter = self._check_outputs(skeleton, init_jitter)
         with jax.enable_x64(True):
             return self._sample(model, federation, init, num_samples, burn_in, chains, seed,
                                 progress, skeleton_size, init_jitter, bool(rate_diagnostics),
                                 run_options, run_request)
+
+    def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
+                           thin, chains, seed, progress, skeleton=False, init_jitter=0.0,
+                           rate_diagnostics=True, **options):
+        """One endpoint per worker on ``engine``'s transport (``pdmp/distributed.py``), with
+        the options of :meth:`sample_local`."""
+        run_request = options.pop("run_request", None)  # before the run-option checks
+        self._check_run(thin, burn_in, run_request)
+        # with the run options the broadcast run honours: draws per call (its chains wait
+        # for each other only at a chunk's end) and the draws callback; on_chunk is not
+        # called (such a run is not resumed from a checkpoint)
+        engine_options = engine.session_options(options, self.name)
+        skeleton_size, init_jitter = self._check_outputs(skeleton, init_jitter)
+        with engine.transports() as make_transport:
+            with jax.enable_x64(True):
+                return engine.record(self._sample_distributed(
+                    model, federation, init, num_samples, burn_in, chains, seed, progress,
+                    skeleton_size, init_jitter, bool(rate_diagnostics), make_transport,
+                    engine.label, engine_options, run_request))
 
     def _sample_distributed(self, model, federation, init, num_samples, burn_in, chains, seed,
                             progress, skeleton_size, init_jitter, rate_diagnostics,

@@ -299,7 +299,7 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
             draw_dim=2 * dim,  # a draw: the position and the mean over its interval
             burn_in=burn_in, num_samples=num_samples,
             divergence_threshold=algorithm.divergence_threshold, progress=progress,
-            label=f"{algorithm.name} (ray)" if engine_label == "ray" else algorithm.name,
+            label=f"{algorithm.name} ({engine_label})",
             **protocol_run_options(options))
         failure = run.failure
         messages = transport.info()

@@ -398,6 +398,7 @@ def _over_transport(engine: str):
     are the ones a Ray actor compiles): ``run(federation, seed)``."""
     from fedmcmc.decentralised.distributed import run_neighbour
     from fedmcmc.engines.comm import InProcessTransport
+    from fedmcmc.engines.engine import InProcessEngine
     from fedmcmc.engines.handoff import sample_protocol
     from fedmcmc.engines.options import check_engine_options
 
@@ -425,9 +426,8 @@ def _over_transport(engine: str):
                                  "local", check_engine_options({}, algorithm.name), seed=seed,
                                  **common).result
         algorithm = fm.FALD(step_size=1e-3, batch_size=10, local_steps=2)
-        return algorithm.sample_distributed(MODEL, federation, transport, "local",
-                                            check_engine_options({}, algorithm.name),
-                                            seed=seed, progress=False, **common)
+        return algorithm.sample_distributed(MODEL, federation, InProcessEngine(), seed=seed,
+                                            progress=False, **common)
 
     return run
 

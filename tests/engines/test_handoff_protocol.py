@@ -94,12 +94,15 @@ class SGHMC(Algorithm):
     """The public face of the protocol: what a user would write."""
 
     name = "SGHMC"
-    engines = ("local", "ray")
+    message_passing = True
 
     def __init__(self, step_size, friction, batch_size, local_steps, **variant):
         self.protocol = SGHMCProtocol(step_size, friction, batch_size, local_steps, **variant)
 
-    def sample(self, model, federation, *, engine, **arguments):
+    def sample_local(self, model, federation, **arguments):
+        return sample_protocol(self.protocol, model, federation, engine="local", **arguments)
+
+    def sample_distributed(self, model, federation, engine, **arguments):
         return sample_protocol(self.protocol, model, federation, engine=engine, **arguments)
 
 
