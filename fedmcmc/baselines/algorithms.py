@@ -40,7 +40,7 @@ from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
 from ..callsite import user_stacklevel
 from ..checkpoint import resume_from, split_run_options
-from ..engines.comm import ClientFailureError
+from ..engines.session import client_failure_error
 from ..engines.local import run_chains
 from ..results import assemble_result, divergence_details, diverged_error
 from . import consensus, distributed, fald, qlsd, tuning
@@ -80,10 +80,8 @@ class _Baseline(Algorithm):
                    chains=chains, seed=seed, progress=progress, run_request=run_request)
         self.check_run(model.flatten(init).dim, chains, num_samples)
         self.check_engine_run_options(options)
-        engine_options = engine.session_options(options, self.name)
-        with engine.transports() as make_transport:
-            return engine.record(self.sample_on_transport(
-                model, federation, make_transport, engine.label, engine_options, **run))
+        return self.sample_on_transport(model, federation, engine,
+                                        engine.session_options(options, self.name), **run)
 
     def check_run(self, dim: int, chains: int, num_samples: int) -> None:
         """Refuse run arguments the algorithm cannot use (``ValueError``); default: none."""
@@ -91,14 +89,6 @@ class _Baseline(Algorithm):
     def check_engine_run_options(self, options) -> None:
         """Refuse run options the algorithm cannot honour (``ValueError``), on either engine;
         default: none."""
-
-
-def _client_failure(algorithm, engine_label: str, run, result) -> ClientFailureError:
-    failure = run.failure
-    return ClientFailureError(
-        f"{algorithm.name} (engine={engine_label!r}): client {failure.client} failed "
-        f"({failure.reason}); the run stopped after {run.draws_done} draw(s), which are in "
-        "error.result", result, failure.client, failure.reason)
 
 
 def _check_unit_fraction(value: Any, argument: str) -> float:
@@ -377,21 +367,21 @@ class FALD(_Baseline):
                                  _diverged_cause(self, "lower step_size or local_steps"))
         return result
 
-    def sample_on_transport(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
-        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_fald`; ``options``: checked engine
         options, :func:`fedmcmc.engines.options.check_engine_options`). The draws are
         ``engine="local"``'s; ``info`` counts the transport's real messages. ``"auto"`` run
         lengths: from the clients' own Laplace fits."""
-        out = distributed.sample_fald(self, model, federation, make_transport, engine_label,
+        out = distributed.sample_fald(self, model, federation, engine,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                       progress=progress, run_request=run_request)
         result = self._result(out.run, model.flatten(init), out.info, out.info["thin"])
         if out.run.failure is not None:
-            raise _client_failure(self, engine_label, out.run, result)
+            raise client_failure_error(self.name, engine.label, out.run, result)
         return result
 
 
@@ -622,15 +612,15 @@ class QLSD(_Baseline):
                 self, "lower step_size (all chains stop at that draw)"))
         return result
 
-    def sample_on_transport(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
-        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_qlsd`; ``options``: checked engine
         options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
         messages (``bits_communicated`` the quantised code's, as on the in-process engine).
         ``"auto"`` run lengths: from the clients' own Laplace fits."""
-        out = distributed.sample_qlsd(self, model, federation, make_transport, engine_label,
+        out = distributed.sample_qlsd(self, model, federation, engine,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                       progress=progress, run_request=run_request)
@@ -638,7 +628,7 @@ class QLSD(_Baseline):
         result = self._result(out.run, model.flatten(init), out.info, out.info["thin"], chains,
                               np.asarray(out.state.position))
         if out.run.failure is not None:
-            raise _client_failure(self, engine_label, out.run, result)
+            raise client_failure_error(self.name, engine.label, out.run, result)
         return result
 
 
@@ -862,16 +852,16 @@ class ConsensusMC(_Baseline):
                 "a sampler without a combination step", consensus.CombinationWarning,
                 stacklevel=user_stacklevel())
 
-    def sample_on_transport(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
-        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_consensus`; ``options``: checked engine
         options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
         messages (the draws go up chunk by chunk)."""
         resolved = {}
         thin, burn_in = self.run_lengths(thin, burn_in, resolved)
-        out = distributed.sample_consensus(self, model, federation, make_transport, engine_label,
+        out = distributed.sample_consensus(self, model, federation, engine,
                                            options, init=init, num_samples=num_samples,
                                            burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                            progress=progress)
@@ -880,7 +870,7 @@ class ConsensusMC(_Baseline):
         result = self._result(out.run, model.flatten(init), out.info, chains, thin, discard,
                               out.state["divergences"], out.state["acceptance"])
         if out.run.failure is not None:
-            raise _client_failure(self, engine_label, out.run, result)
+            raise client_failure_error(self.name, engine.label, out.run, result)
         return result
 
 

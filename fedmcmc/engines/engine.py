@@ -34,6 +34,7 @@ from .options import ENGINE_OPTIONS, check_engine_options
 
 __all__ = ["Engine", "LocalEngine", "ProtocolEngine", "InProcessEngine"]
 
+
 class Engine:
     """Where the clients of a run live. ``label``: what ``result.info["engine"]`` and the
     messages call it."""
@@ -142,10 +143,10 @@ class ProtocolEngine(Engine):
         raise NotImplementedError
         yield  # pragma: no cover
 
-    def record(self, result):
-        """Add what the session knows (e.g. Ray's authentication) to ``result.info``;
-        returns ``result``. Called inside :meth:`transports`."""
-        return result
+    def session_info(self) -> Dict[str, Any]:
+        """What the open session adds to ``result.info`` (Ray: its authentication);
+        called inside :meth:`transports`."""
+        return {}
 
     def __repr__(self) -> str:
         set_ = {k: v for k, v in vars(self).items() if v not in (None, False)

@@ -146,7 +146,7 @@ from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this modul
     check_allow_unauthenticated,
     import_ray as _import_ray,
     ray_session,
-    record_ray_authentication,
+    session_authentication,
 )
 from .ray_transport import RayTransport, is_direct
 
@@ -300,5 +300,5 @@ class RayEngine(ProtocolEngine):
         with ray_transports(self.engine_options()) as make_transport:
             yield make_transport
 
-    def record(self, result):
-        return record_ray_authentication(result)
+    def session_info(self) -> Dict[str, Any]:
+        return session_authentication()  # ray_authentication, ray_instance

@@ -38,7 +38,7 @@ from .estimators import estimator_moments, unscaled_noise
 from .handoff import ClientSetup, DSGLDProtocol, FSGLDProtocol, setup_key
 from .step_size import StepSizeWarning
 from ..schedules import as_schedule, describe_step_size
-from ..engines.handoff import sample_on_engine
+from ..engines.handoff import sample_handoff
 
 __all__ = ["SGLD", "DSGLD", "FSGLD", "StepSizeWarning"]
 
@@ -533,7 +533,7 @@ class DSGLD(_LangevinAlgorithm):
     def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
                            thin, chains, seed, progress, **options):
         """The hand-off protocol (:meth:`handoff_protocol`, ``fedmcmc.langevin.handoff``) on
-        ``engine``'s client endpoints (:func:`fedmcmc.engines.handoff.sample_on_engine`)."""
+        ``engine``'s client endpoints (:func:`fedmcmc.engines.handoff.sample_handoff`)."""
         self.check_run_lengths(burn_in, thin)
         request = _run_request(options, num_samples, burn_in, thin, chains)
         info = {"step_size": describe_step_size(self.step_size),
@@ -560,7 +560,7 @@ class DSGLD(_LangevinAlgorithm):
             info["step_size"] = describe_step_size(settings.step_size)
             info["setup_by"] = "driver"
             protocol = self.handoff_protocol(settings)
-        return sample_on_engine(
+        return sample_handoff(
             protocol, model, federation, engine, init=init, num_samples=num_samples,
             burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
             info=info, **options,

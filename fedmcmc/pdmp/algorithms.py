@@ -76,7 +76,7 @@ from .output import ess_from_batch_sums
 from .setup import LocalWorkers
 from .single import make_reference
 from .zigzag import ZigZagSpec
-from ..engines.comm import ClientFailureError
+from ..engines.session import client_failure_error
 
 __all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError", "BuiltSampler"]
 
@@ -364,8 +364,9 @@ class _FedPDMP(Algorithm):
         :mod:`fedmcmc.checkpoint` (``chunk_size``, ``start_draw``, ``resume_state``,
         ``on_chunk``, ``on_draws``) are accepted; ``on_draws`` receives the positions only,
         in the dtype of ``init`` (the draws of ``result.samples``). On a message-passing
-        engine (:meth:`sample_distributed`) only ``chunk_size`` and ``on_draws`` are used: the run cannot be resumed, so
-        ``on_chunk`` is not called and ``start_draw``/``resume_state`` are refused.
+        engine (:meth:`sample_distributed`) only ``chunk_size`` and ``on_draws`` are used:
+        the run cannot be resumed, so ``on_chunk`` is not called and
+        ``start_draw``/``resume_state`` are refused.
         """
         run_request = options.pop("run_request", None)  # before the run-option checks
         self._check_run(thin, burn_in, run_request)
@@ -388,16 +389,14 @@ class _FedPDMP(Algorithm):
         # called (such a run is not resumed from a checkpoint)
         engine_options = engine.session_options(options, self.name)
         skeleton_size, init_jitter = self._check_outputs(skeleton, init_jitter)
-        with engine.transports() as make_transport:
-            with jax.enable_x64(True):
-                return engine.record(self._sample_distributed(
-                    model, federation, init, num_samples, burn_in, chains, seed, progress,
-                    skeleton_size, init_jitter, bool(rate_diagnostics), make_transport,
-                    engine.label, engine_options, run_request))
+        with jax.enable_x64(True):
+            return self._sample_distributed(
+                model, federation, engine, engine_options, init, num_samples, burn_in, chains,
+                seed, progress, skeleton_size, init_jitter, bool(rate_diagnostics), run_request)
 
-    def _sample_distributed(self, model, federation, init, num_samples, burn_in, chains, seed,
-                            progress, skeleton_size, init_jitter, rate_diagnostics,
-                            make_transport, engine_label, engine_options, run_request=None):
+    def _sample_distributed(self, model, federation, engine, engine_options, init, num_samples,
+                            burn_in, chains, seed, progress, skeleton_size, init_jitter,
+                            rate_diagnostics, run_request=None):
         """One endpoint per worker (``pdmp/distributed.py``): the workers simulate their own
         event times on their own data; the server gathers and applies the earliest."""
         d = model.flatten(init).dim
@@ -407,10 +406,10 @@ class _FedPDMP(Algorithm):
             options["on_draws"] = _positions_only(options["on_draws"], d,
                                                   model.flatten(init).dtype)
         distributed = sample_pdmp(
-            self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
-            chains=chains, seed=seed, progress=progress, skeleton_size=skeleton_size,
-            init_jitter=init_jitter, rate_diagnostics=rate_diagnostics,
-            make_transport=make_transport, engine_label=engine_label, options=options,
+            self, model, federation, engine, options, init=init, num_samples=num_samples,
+            burn_in=burn_in, chains=chains, seed=seed, progress=progress,
+            skeleton_size=skeleton_size, init_jitter=init_jitter,
+            rate_diagnostics=rate_diagnostics,
             run_sums=lambda resolved_burn_in: _run_sums(resolved_burn_in, num_samples, d,
                                                         chains)[:2],
             run_request=run_request)
@@ -418,21 +417,19 @@ class _FedPDMP(Algorithm):
         cfg, out_model = distributed.built.config, distributed.built.output_model
         burn_in = cfg.burn_in  # resolved ("auto")
         info, on_violation = distributed.built.info, distributed.built.on_violation
-        if failure is None:
-            result = self._result(run, cfg, out_model, federation, info, num_samples, burn_in,
-                                  chains, on_violation, skeleton_size, b)
-            result.info.update(messages)
-            return result
         try:
             result = self._result(run, cfg, out_model, federation, info, num_samples, burn_in,
                                   chains, on_violation, skeleton_size, b)
         except (SamplingDivergedError, PDMPBoundError) as error:
-            result = error.result
-        result.info.update(messages)
-        raise ClientFailureError(
-            f"{self.name} (engine={engine_label!r}): worker {failure.client} failed "
-            f"({failure.reason}); the run stopped after {run.draws_done} draw(s), which are in "
-            "error.result", result, failure.client, failure.reason)
+            error.result.info.update(messages)
+            if failure is None:
+                raise
+            result = error.result  # the worker's failure is what stopped the run
+        else:
+            result.info.update(messages)
+        if failure is not None:
+            raise client_failure_error(self.name, engine.label, run, result, role="worker")
+        return result
 
     def _sample(self, model, federation, init, num_samples, burn_in, chains, seed, progress,
                 skeleton_size, init_jitter, rate_diagnostics, run_options, run_request=None):
