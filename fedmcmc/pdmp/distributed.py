@@ -1,11 +1,14 @@
 """Fed-PDMC with one endpoint per worker: its client-side functions and its server.
 
-The engine (``fedmcmc.engines.broadcast``) provides the pattern's pieces, none of
-which knows Fed-PDMC: a generic client endpoint that holds a worker's data and runs
-the functions below on it, the broadcast-and-gather round with its failure policy,
-and the driver. This module is what Fed-PDMC adds to them:
+The engine provides the pattern's pieces, none of which knows Fed-PDMC: a generic client
+endpoint that holds a worker's data and runs the functions below on it
+(``fedmcmc.engines.broadcast``), the protocol session (``fedmcmc.engines.session``) and
+the driver. This module and ``pdmp/broadcast.py`` (the server's broadcast-and-gather
+rounds with their failure policy, :class:`~fedmcmc.pdmp.broadcast.BroadcastDraw`) are
+what Fed-PDMC adds to them:
 
-* **client side** (:class:`WorkerFunctions`, run in the worker's process on its own
+* **client side** (:class:`WorkerFunctions`, a :class:`~fedmcmc.protocols.BroadcastProtocol`
+  run in the worker's process on its own
   rows): the Newton terms of its potential at a point (gradient and Hessian, for the
   Boomerang's Laplace reference and the control variates), its rate bounds,
   coordinates and control-variate gradient (``setup.worker_summaries``), and at every
@@ -21,7 +24,6 @@ compare them on the in-process transport and on Ray).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Dict, List, NamedTuple
 
 import jax
