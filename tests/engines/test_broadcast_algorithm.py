@@ -89,17 +89,21 @@ def exact_posterior():
 
 def test_the_local_run_is_the_algorithm_it_says():
     """The in-process run: message counts from the transport, and the ULA chain of the pooled
-    data (its mean within a few posterior sd of the exact one; a step far too large
-    diverges, which the same run reports)."""
-    result = fm.sample(MODEL, federation(), FederatedULA(2e-3), **{**RUN, "num_samples": 400})
+    data: its mean within 0.1 of the exact one (posterior sd 0.18; about 40 effective draws
+    per coordinate, so about 3.4 standard errors; leaving out the largest client moves it by
+    more), and a
+    step far too large is reported as a divergence."""
+    result = fm.sample(MODEL, federation(), FederatedULA(2e-3), **{**RUN, "num_samples": 300})
     info = result.info
     assert info["engine"] == "local" and info["algorithm"] == "GradientSumLangevin"
     # one message to every client and one reply per iteration, and a configuration each
-    iterations = info["iterations"]
-    assert info["messages_to_clients"] >= len(SIZES) * (iterations + 1)
+    assert info["messages_to_clients"] >= len(SIZES) * (info["iterations"] + 1)
     mean, precision = exact_posterior()
-    draws = result.flat_samples()
-    assert np.all(np.abs(draws.mean(axis=(0, 1)) - mean) < 4 / np.sqrt(precision))
+    assert 1 / np.sqrt(precision) == pytest.approx(0.18, abs=0.01)
+    np.testing.assert_allclose(result.flat_samples().mean(axis=(0, 1)), mean, atol=0.1)
+    without_one = fm.Federation([federation().clients[s] for s in (0, 2)])
+    shifted = without_one.pooled().sum(axis=0) / (len(without_one.pooled()) + 1.0)
+    assert np.max(np.abs(shifted - mean)) > 0.1  # what the tolerance would catch
     with pytest.raises(fm.SamplingDivergedError):
         fm.sample(MODEL, federation(), FederatedULA(1.0), **RUN)
 
