@@ -96,6 +96,7 @@ import numpy as np  # noqa: E402
 
 import fedmcmc as fm  # noqa: E402
 from fedmcmc.engines.comm import InProcessTransport  # noqa: E402
+from fedmcmc.engines.engine import InProcessEngine  # noqa: E402
 from fedmcmc.engines.handoff import sample_handoff  # noqa: E402
 from fedmcmc.langevin import dsgld  # noqa: E402
 from fedmcmc.schedules import constant  # noqa: E402
@@ -160,11 +161,8 @@ def protocol_round_seconds(model, federation, algorithm, chains, rounds, engine)
         result = fm.sample(model, federation, algorithm, engine="ray", visit_timeout=600,
                            direct_channel=engine == "ray", **kw)
     else:
-        result = sample_handoff(
-            algorithm.handoff_protocol(), model, federation,
-            lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
-            engine_label="handoff", **kw,
-        )
+        result = sample_handoff(algorithm.handoff_protocol(), model, federation,
+                                InProcessEngine(), **kw)
     total = time.perf_counter() - started
     info = result.info
     completed = sum(info["rounds_per_chain"])
@@ -238,15 +236,20 @@ def pdmp_distributed(model, federation, draws, engine):
         marks.append((time.perf_counter(), t.counts["to_clients"] // t.num_clients,
                       t.bytes["to_clients"] + t.bytes["from_clients"]))
 
-    options = {"on_client_failure": "stop", "visit_timeout": 600.0, "chunk_size": 1,
-               "on_draws": on_draws}
+    class BenchEngine(InProcessEngine):
+        label = engine
+
+        @contextlib.contextmanager
+        def transports(self):
+            yield make_transport
+
     started = time.perf_counter()
-    with ray_session() if engine != "inprocess" else contextlib.nullcontext(), \
-            jax.enable_x64(True):
+    with ray_session() if engine != "inprocess" else contextlib.nullcontext():
         # what fm.sample(model, federation, algorithm, engine=engine, chains=1, ...) runs
-        result = algorithm._sample_distributed(
-            model, federation, jnp.zeros(DIM), draws, 0, 1, 0, False, 0, 0.0, False,
-            make_transport, engine, options)
+        result = algorithm.sample_distributed(
+            model, federation, BenchEngine(visit_timeout=600.0), init=jnp.zeros(DIM),
+            num_samples=draws, burn_in=0, thin=1, chains=1, seed=0, progress=False,
+            rate_diagnostics=False, chunk_size=1, on_draws=on_draws)
     info = result.info
     per_round, rounds, steady_bytes = _steady(marks)
     if info["event_iterations"] != info["event_rounds_broadcast"]:

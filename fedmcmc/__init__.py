@@ -8,6 +8,8 @@
 from . import cache  # noqa: F401 - first: switches on the persistent compilation cache
 from . import datasets, diagnostics, models, partition, surrogates
 from .api import sample
+from .engines.engine import LocalEngine
+from .engines.ray_engine import RayEngine
 from . import convergence, run_length
 from .convergence import ConvergenceCheck, ConvergenceWarning
 from .run_length import RunLengthWarning
@@ -31,6 +33,8 @@ __all__ = [
     "Model",
     "Federation",
     "sample",
+    "LocalEngine",
+    "RayEngine",
     "Result",
     "SamplingDivergedError",
     "Privacy",

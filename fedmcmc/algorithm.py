@@ -46,18 +46,34 @@ def check_nonnegative_float(value: Any, argument: str) -> float:
 
 
 class Algorithm:
-    """A sampling algorithm: hyper-parameters in the constructor, one ``sample`` method.
+    """A sampling algorithm: hyper-parameters in the constructor, and what each kind of
+    engine runs (:mod:`fedmcmc.engines.engine`; :func:`fedmcmc.sample` picks the engine and
+    calls it after the arguments common to all algorithms have been checked):
 
-    Subclasses implement :meth:`sample`, called by :func:`fedmcmc.sample` after
-    the arguments common to all algorithms have been checked.
+    * :meth:`sample_local`: the in-process run (``engine="local"``);
+    * :meth:`sample_distributed`: the message-passing run (client endpoints and a server
+      on the transport a message-passing engine supplies, ``engine="ray"``), offered when
+      ``message_passing`` is true.
+
+    Neither is told the engine's name.
     """
 
     name: str = "algorithm"
-    #: engines this algorithm can run on
-    engines: tuple = ("local",)
+    #: whether the algorithm offers :meth:`sample_distributed`
+    message_passing: bool = False
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):  # pragma: no cover - interface
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):  # pragma: no cover - interface
+        """Every client simulated in this process; returns a :class:`fedmcmc.Result`."""
+        raise NotImplementedError
+
+    def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
+                           thin, chains, seed, progress,
+                           **options):  # pragma: no cover - interface
+        """The clients as endpoints on ``engine``'s transport
+        (:class:`fedmcmc.engines.engine.ProtocolEngine`: ``engine.transports()``,
+        ``engine.session_options(options, name)``, ``engine.label`` for ``info`` and
+        messages); returns a :class:`fedmcmc.Result`."""
         raise NotImplementedError
 
     def hyperparameters(self) -> dict:

@@ -8,13 +8,44 @@ from typing import Any, Optional, Union
 from . import convergence as convergence_module
 from . import run_length
 from .algorithm import Algorithm, check_positive_int
+from .engines.engine import Engine, LocalEngine
+from .engines.options import ENGINE_OPTIONS, RAY_ONLY_OPTIONS
+from .engines.ray_engine import RayEngine
 from .federation import Federation
 from .model import Model
 from .results import Result
 
-__all__ = ["sample"]
+__all__ = ["sample", "resolve_engine"]
 
+#: the engines ``engine=`` names by a string (shorthands for the engine objects)
 ENGINES = ("local", "ray")
+
+
+def resolve_engine(engine: Any, options: dict) -> Engine:
+    """The engine object of ``fm.sample(..., engine=engine, **options)``: ``engine`` itself
+    when it is a :class:`~fedmcmc.engines.engine.Engine`; for ``"ray"``, a
+    :class:`~fedmcmc.engines.ray_engine.RayEngine` built from the engine options among
+    ``options`` (removed from it: what stays are the algorithm's); for ``"local"``,
+    :class:`~fedmcmc.engines.engine.LocalEngine` (``options`` untouched: the algorithm
+    refuses what it does not take). ``ValueError`` naming ``engine`` otherwise."""
+    if isinstance(engine, Engine):
+        given = sorted(set(options) & set(ENGINE_OPTIONS))
+        if given:
+            raise ValueError(
+                f"{given[0]} is an engine option: with engine={engine!r} set it on the "
+                f"engine object ({type(engine).__name__}({given[0]}=...)), not in fm.sample")
+        return engine
+    if isinstance(engine, str) and engine == "local":
+        ray_only = [k for k in RAY_ONLY_OPTIONS if options.get(k) not in (None, False, 0)]
+        if ray_only:
+            raise ValueError(f"{ray_only[0]} is a Ray option; engine='local' takes none")
+        return LocalEngine()
+    if isinstance(engine, str) and engine == "ray":
+        return RayEngine.from_options({k: options.pop(k) for k in ENGINE_OPTIONS
+                                       if k in options})
+    raise ValueError(
+        f"engine must be one of {ENGINES} or an engine object such as fm.RayEngine(...), "
+        f"got {engine!r}")
 
 
 def sample(
@@ -27,7 +58,7 @@ def sample(
     thin: Union[int, str] = 1,
     chains: int = 1,
     seed: int = 0,
-    engine: str = "local",
+    engine: Union[str, Engine] = "local",
     progress: Optional[bool] = None,
     *,
     max_iterations: Optional[int] = None,
@@ -64,8 +95,11 @@ def sample(
     seed:
         Integer seed of the run.
     engine:
-        ``"local"`` (default; every client simulated in this process) or
-        ``"ray"`` (client endpoints in Ray actors; ``fedmcmc.engines.ray_engine``).
+        Where the clients live: ``"local"`` or ``fm.LocalEngine()`` (default; every client
+        simulated in this process), ``"ray"`` or ``fm.RayEngine(...)`` (client endpoints
+        in Ray actors; :class:`fedmcmc.engines.ray_engine.RayEngine` lists its options).
+        With ``"ray"`` the engine's keyword options (``ray_address``, ``visit_timeout``,
+        ``clients_per_actor``, ...) may be given among ``**options``.
     progress:
         Show a progress bar; ``None`` shows it when stderr is a terminal.
     max_iterations:
@@ -115,12 +149,13 @@ def sample(
     chains = check_positive_int(chains, "chains")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if engine not in algorithm.engines:
+    engine = resolve_engine(engine, options)
+    if not engine.offered_by(algorithm):
+        available = tuple(name for name, offered in (("local", LocalEngine()), ("ray", RayEngine()))
+                          if offered.offered_by(algorithm))
         raise ValueError(
-            f"engine={engine!r} is not available for {type(algorithm).__name__}; "
-            f"available: {algorithm.engines}"
+            f"engine={engine.label!r} is not available for {type(algorithm).__name__}; "
+            f"available: {available}"
         )
     thresholds = convergence_module.ConvergenceCheck.of(convergence)
     if max_iterations is not None:
@@ -142,19 +177,19 @@ def sample(
             raise ValueError(
                 f"max_iterations bounds 'auto' settings, which {type(algorithm).__name__} "
                 "does not offer; leave it out")
-    if federation.is_deferred and engine != "ray":
+    if federation.is_deferred and not engine.loads_on_clients:
         # Federation.from_loaders: the in-process engine simulates every client here, so the
         # loaders run here; on Ray each runs in its client's actor and the engine checks
         # init against the example shapes the clients report
         federation.load()
     arguments = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                     chains=chains, seed=int(seed), engine=engine, progress=progress, **options)
+                     chains=chains, seed=int(seed), progress=progress, **options)
     if federation.is_deferred:
         with federation.kept_on_clients():
-            result = algorithm.sample(model, federation, **arguments)
+            result = engine.sample(algorithm, model, federation, **arguments)
     else:
         model.check_params(init, federation.example(), argument="init")
-        result = algorithm.sample(model, federation, **arguments)
+        result = engine.sample(algorithm, model, federation, **arguments)
     for argument, value in (("thin", thin), ("burn_in", burn_in)):
         if not run_length.is_auto(value):
             result.info.setdefault(argument, value)

@@ -44,7 +44,8 @@ class HandoffAlgorithm(Algorithm):
     ``on_draws``, and on Ray the engine's Ray options (``ray_address``, ...).
     """
 
-    engines = ("local", "ray")
+    #: runs on the in-process engine and on every message-passing engine
+    message_passing = True
 
     def __init__(self, protocol: HandoffProtocol):
         if not isinstance(protocol, HandoffProtocol):

@@ -7,8 +7,11 @@ engine (``fedmcmc.engines``) runs any protocol of a given communication pattern
 over any transport (in-process objects, Ray actors); it never imports a family
 and never branches on an algorithm's name.
 
-This module holds the hand-off pattern (DSGLD, FSGLD, or a sampler defined
-outside the package, such as SGHMC whose momentum travels with the chain):
+This module holds one protocol class per pattern: :class:`HandoffProtocol`,
+:class:`BroadcastProtocol` (every client answers every round: Fed-PDMC, the baselines)
+and :class:`NeighbourProtocol` (agents exchange with their neighbours: DULA, GT-DULA).
+The hand-off pattern (DSGLD, FSGLD, or a sampler defined outside the package, such as
+SGHMC whose momentum travels with the chain):
 
 * the **chain carry** is a tuple of arrays that travels from client to client
   (DSGLD/FSGLD: the position; SGHMC: position and momentum);
@@ -47,8 +50,8 @@ from .federation import ConcatenatedData
 from .model import FlatModel
 
 __all__ = ["ClientContext", "client_context", "client_function", "HandoffProtocol",
-           "ServerSide", "UpdateStep", "update_step", "ClientParameters", "draw_client",
-           "client_from_uniform"]
+           "BroadcastProtocol", "NeighbourProtocol", "ServerSide", "UpdateStep", "update_step",
+           "ClientParameters", "draw_client", "client_from_uniform"]
 
 
 class UpdateStep(NamedTuple):
@@ -272,3 +275,80 @@ def client_from_uniform(uniform, cumulative_weights):
     method = "compare_all" if cumulative_weights.shape[0] <= 256 else "scan"
     index = jnp.searchsorted(cumulative_weights, u, side="right", method=method)
     return jnp.minimum(index, cumulative_weights.shape[0] - 1).astype(jnp.int32)
+
+
+class BroadcastProtocol:
+    """A broadcast-and-gather sampler's protocol: every iteration the server sends the
+    chains' state to every client, each client answers from its own rows, and the server
+    combines the answers (Fed-PDMC's Algorithm 2, FA-LD, QLSD, consensus Monte Carlo).
+
+    Client side (run where the client's data are, by the engine's generic endpoint
+    :class:`fedmcmc.engines.broadcast.BroadcastClient`, on a :class:`ClientContext` holding
+    only that client's rows; what a client keeps between messages goes in
+    ``context.store``): :meth:`client_configure` once before sampling,
+    :meth:`client_respond` every round, and set-up questions ``client_<name>(context,
+    *args)``, asked by name (a session's ``ask(name, ...)``).
+
+    Server side, for :func:`fedmcmc.engines.broadcast.sample_broadcast` (a family with a
+    server of its own, such as Fed-PDMC's event rounds, leaves them out):
+    :meth:`init_state`, :meth:`message`, :meth:`update` and :meth:`position`. Iteration
+    ``t`` uses ``fold_in(key(seed), t)`` on every engine, so the draws do not depend on the
+    transport. Instances are pickled to the clients: hold configuration only.
+    """
+
+    name: str = "broadcast protocol"
+    divergence_threshold: float = 1e10
+
+    # ------------------------------------------------------------------ client side
+    def client_configure(self, context: ClientContext, *parameters) -> Any:
+        """Before sampling, with this client's parameters (``sample_broadcast``: its f_s);
+        keep what :meth:`client_respond` needs in ``context.store``."""
+        return 0
+
+    def client_respond(self, context: ClientContext, *message) -> Any:
+        """This client's answer to one round's ``message``, from its own rows."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ server side
+    def init_state(self, position, chains: int) -> Any:
+        """The server's state of every chain from the flat initial position ``(d,)``."""
+        raise NotImplementedError
+
+    def message(self, state, key) -> Tuple[Any, ...]:
+        """What every client receives in the round of iteration key ``key`` (a tuple of
+        arrays: the chains' positions, keys, ...)."""
+        raise NotImplementedError
+
+    def update(self, state, replies: List[Any], key) -> Any:
+        """The next state from the clients' ``replies`` (in client order)."""
+        raise NotImplementedError
+
+    def position(self, state) -> Any:
+        """The draw of every chain, ``(chains, d)``, flat."""
+        raise NotImplementedError
+
+
+class NeighbourProtocol:
+    """A decentralised sampler's agent side: agents on a graph exchange messages with their
+    neighbours every iteration, with no server in between (DULA, GT-DULA). Run by the
+    engine's generic endpoint :class:`fedmcmc.engines.neighbour.NeighbourClient` on a
+    :class:`ClientContext` holding only the agent's rows; the messages of iteration ``k``
+    travel agent to agent (``Transport.relay``). Set-up questions are ``client_<name>``
+    methods, asked by name."""
+
+    name: str = "neighbour protocol"
+
+    def client_start(self, context: ClientContext, neighbours: List[int],
+                     laplacian_row: List[float]) -> Any:
+        """Once, before the first iteration: the agent's neighbours and its row of the
+        graph's Laplacian."""
+        raise NotImplementedError
+
+    def client_message(self, context: ClientContext) -> Any:
+        """What the agent sends its neighbours (its state after the last iteration)."""
+        raise NotImplementedError
+
+    def client_step(self, context: ClientContext, k: int, *neighbour_messages) -> Any:
+        """Iteration ``k`` of the agent, with its neighbours' messages of iteration
+        ``k - 1``; returns its new message."""
+        raise NotImplementedError

@@ -40,11 +40,8 @@ from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
 from ..callsite import user_stacklevel
 from ..checkpoint import resume_from, split_run_options
-from ..engines.comm import ClientFailureError
+from ..engines.session import client_failure_error
 from ..engines.local import run_chains
-from ..engines.options import check_engine_options
-from ..engines.ray_engine import ray_transports
-from ..engines.ray_security import record_ray_authentication
 from ..results import assemble_result, divergence_details, diverged_error
 from .. import privacy as privacy_module
 from ..clipping import PrivateSteps
@@ -63,8 +60,9 @@ def _layout(model, federation, init):
 
 
 class _Baseline(Algorithm):
-    """What the three baselines share: ``engine="local"`` runs their ``sample_local``,
-    ``engine="ray"`` their ``sample_distributed`` with one Ray actor per client.
+    """What the three baselines share: the in-process engine runs their ``sample_local``, a
+    message-passing engine (``engine="ray"``: one Ray actor per client) their
+    ``sample_distributed``.
 
     ``thin`` and ``burn_in`` may be ``"auto"`` on both engines (``supports_run_request``:
     ``fm.sample`` passes its :class:`fedmcmc.run_length.RunRequest` as the ``run_request``
@@ -74,22 +72,21 @@ class _Baseline(Algorithm):
     ``info["burn_in"]``."""
 
     supports_run_request: bool = True
+    #: every baseline has a message-passing run (:meth:`sample_distributed`)
+    message_passing: bool = True
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
-        request = options.pop("run_request", None)  # before the run options are checked
+    def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
+                           thin, chains, seed, progress, run_request=None, **options):
+        """One endpoint per client on the message-passing ``engine``'s transport
+        (:meth:`sample_on_transport`, ``fedmcmc.baselines.distributed``)."""
         run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                   chains=chains, seed=seed, progress=progress, run_request=request)
+                   chains=chains, seed=seed, progress=progress, run_request=run_request)
         if getattr(self, "privacy", None) is not None:
-            return self._sample_private(model, federation, engine, run, options)
-        if engine != "ray":
-            return self.sample_local(model, federation, **run, **options)
+            return self._sample_private(model, federation, engine.label, run, options)
         self.check_run(model.flatten(init).dim, chains, num_samples)
         self.check_engine_run_options(options)
-        engine_options = check_engine_options(options, self.name)
-        with ray_transports(engine_options) as make_transport:
-            return record_ray_authentication(self.sample_distributed(
-                model, federation, make_transport, "ray", engine_options, **run))
+        return self.sample_on_transport(model, federation, engine,
+                                        engine.session_options(options, self.name), **run)
 
     def _sample_private(self, model, federation, engine, run: dict, options: dict):
         """A private run (:mod:`fedmcmc.privacy`) on the local engine: the plan of every
@@ -150,14 +147,6 @@ class _Baseline(Algorithm):
     def check_engine_run_options(self, options) -> None:
         """Refuse run options the algorithm cannot honour (``ValueError``), on either engine;
         default: none."""
-
-
-def _client_failure(algorithm, engine_label: str, run, result) -> ClientFailureError:
-    failure = run.failure
-    return ClientFailureError(
-        f"{algorithm.name} (engine={engine_label!r}): client {failure.client} failed "
-        f"({failure.reason}); the run stopped after {run.draws_done} draw(s), which are in "
-        "error.result", result, failure.client, failure.reason)
 
 
 def _check_unit_fraction(value: Any, argument: str) -> float:
@@ -303,7 +292,6 @@ class FALD(_Baseline):
     2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
-    engines = ("local", "ray")
     divergence_threshold: float = 1e10
     supports_resume: bool = True
 
@@ -381,7 +369,12 @@ class FALD(_Baseline):
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
                      seed, progress, run_request=None, private=None, **options):
         """The run on the in-process engine (every client of every chain in one program);
-        ``private``: the kernel's :class:`fedmcmc.clipping.PrivateSteps`."""
+        ``private``: the kernel's :class:`fedmcmc.clipping.PrivateSteps` (given by the
+        accounted run of ``privacy=``, which this method starts when it is not)."""
+        if self.privacy is not None and private is None:
+            return self._sample_private(model, federation, "local", dict(
+                init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
+                seed=seed, progress=progress, run_request=run_request), options)
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
@@ -459,21 +452,21 @@ class FALD(_Baseline):
                                  _diverged_cause(self, "lower step_size or local_steps"))
         return result
 
-    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
-        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_fald`; ``options``: checked engine
         options, :func:`fedmcmc.engines.options.check_engine_options`). The draws are
         ``engine="local"``'s; ``info`` counts the transport's real messages. ``"auto"`` run
         lengths: from the clients' own Laplace fits."""
-        out = distributed.sample_fald(self, model, federation, make_transport, engine_label,
+        out = distributed.sample_fald(self, model, federation, engine,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                       progress=progress, run_request=run_request)
         result = self._result(out.run, model.flatten(init), out.info, out.info["thin"])
         if out.run.failure is not None:
-            raise _client_failure(self, engine_label, out.run, result)
+            raise client_failure_error(self.name, engine.label, out.run, result)
         return result
 
 
@@ -542,7 +535,6 @@ class QLSD(_Baseline):
     2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
-    engines = ("local", "ray")
     divergence_threshold: float = 1e10
     supports_resume: bool = True
 
@@ -627,7 +619,12 @@ class QLSD(_Baseline):
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
                      seed, progress, run_request=None, private=None, **options):
         """The run on the in-process engine (every client of every chain in one program);
-        ``private``: the kernel's :class:`fedmcmc.clipping.PrivateSteps`."""
+        ``private``: the kernel's :class:`fedmcmc.clipping.PrivateSteps` (given by the
+        accounted run of ``privacy=``, which this method starts when it is not)."""
+        if self.privacy is not None and private is None:
+            return self._sample_private(model, federation, "local", dict(
+                init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
+                seed=seed, progress=progress, run_request=run_request), options)
         run_options = split_run_options(options, self.name)
         flat_model, data, weights, theta0 = _layout(model, federation, init)
         dim, num_clients = flat_model.dim, federation.num_clients
@@ -720,15 +717,15 @@ class QLSD(_Baseline):
                 self, "lower step_size (all chains stop at that draw)"))
         return result
 
-    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
-        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_qlsd`; ``options``: checked engine
         options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
         messages (``bits_communicated`` the quantised code's, as on the in-process engine).
         ``"auto"`` run lengths: from the clients' own Laplace fits."""
-        out = distributed.sample_qlsd(self, model, federation, make_transport, engine_label,
+        out = distributed.sample_qlsd(self, model, federation, engine,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                       progress=progress, run_request=run_request)
@@ -736,7 +733,7 @@ class QLSD(_Baseline):
         result = self._result(out.run, model.flatten(init), out.info, out.info["thin"], chains,
                               np.asarray(out.state.position))
         if out.run.failure is not None:
-            raise _client_failure(self, engine_label, out.run, result)
+            raise client_failure_error(self.name, engine.label, out.run, result)
         return result
 
 
@@ -786,7 +783,6 @@ class ConsensusMC(_Baseline):
         NUTS tree depth limit.
     """
 
-    engines = ("local", "ray")
     name = "ConsensusMC"
     divergence_threshold: float = 1e10
     supports_resume: bool = False
@@ -961,16 +957,16 @@ class ConsensusMC(_Baseline):
                 "a sampler without a combination step", consensus.CombinationWarning,
                 stacklevel=user_stacklevel())
 
-    def sample_distributed(self, model, federation, make_transport, engine_label, options, *,
+    def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
                            run_request=None):
-        """One endpoint per client on the transport ``make_transport(specs)`` builds
+        """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_consensus`; ``options``: checked engine
         options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
         messages (the draws go up chunk by chunk)."""
         resolved = {}
         thin, burn_in = self.run_lengths(thin, burn_in, resolved)
-        out = distributed.sample_consensus(self, model, federation, make_transport, engine_label,
+        out = distributed.sample_consensus(self, model, federation, engine,
                                            options, init=init, num_samples=num_samples,
                                            burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                            progress=progress)
@@ -979,7 +975,7 @@ class ConsensusMC(_Baseline):
         result = self._result(out.run, model.flatten(init), out.info, chains, thin, discard,
                               out.state["divergences"], out.state["acceptance"])
         if out.run.failure is not None:
-            raise _client_failure(self, engine_label, out.run, result)
+            raise client_failure_error(self.name, engine.label, out.run, result)
         return result
 
 

@@ -44,7 +44,6 @@ on the pooled data).
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, Callable, Dict, List, NamedTuple
 
 import jax
@@ -54,11 +53,11 @@ import numpy as np
 from .. import rng
 from ..cache import jit_with_constants_as_arguments
 from ..engines.broadcast import BroadcastClient
-from ..engines.comm import (call_all, describe_federation, gather, gather_before_sampling,
-                            with_fault_injection)
+from ..engines.comm import gather
 from ..engines.driver import ChainRun, default_chunk_size, draw_by_draw, drive
 from ..engines.options import protocol_run_options
-from ..protocols import ClientContext
+from ..engines.session import protocol_session
+from ..protocols import BroadcastProtocol, ClientContext
 from . import consensus, fald, qlsd, tuning
 from .common import batch_likelihood_gradients, client_likelihood_gradients, client_rows
 
@@ -104,7 +103,7 @@ def _own_rows(context: ClientContext, settings: Dict[str, Any]):
     return rows, likelihood
 
 
-class _LaplaceOnClient:
+class _LaplaceOnClient(BroadcastProtocol):
     """``client_laplace``: the client's Laplace fit on its own rows, for ``"auto"`` run
     lengths (:func:`fedmcmc.baselines.tuning.client_laplace`)."""
 
@@ -284,7 +283,7 @@ def _pad_rows(raw_data, size: int):
     return data, jnp.asarray((np.arange(size) < own).astype(np.float32))
 
 
-class ConsensusFunctions:
+class ConsensusFunctions(BroadcastProtocol):
     """Consensus Monte Carlo's client-side functions: NUTS on the client's subposterior
     p(x_s | theta) p(theta)^(1/S), on its own rows; the NUTS states of every chain stay in
     its ``context.store``."""
@@ -380,36 +379,25 @@ class ConsensusFunctions:
 
 
 class _Clients:
-    """The run's endpoints (one per client) on its transport: set-up messages, the one gather
-    of every round's replies, and the figures ``Result.info`` gets from them."""
+    """The run's endpoints (one per client) in its :class:`~fedmcmc.engines.session.Session`:
+    set-up messages, the one gather of every round's replies, and the figures
+    ``Result.info`` gets from them."""
 
-    def __init__(self, functions, model, federation, init, seed, make_transport, options,
-                 engine_label: str):
-        num_clients = federation.num_clients
-        sources = federation.client_sources()
-        specs = [(BroadcastClient, (s, sources[s], model, init, functions, num_clients, seed))
-                 for s in range(num_clients)]
-        # fault_injection (tests only): the transport makes one client crash or hang
-        self.transport = with_fault_injection(make_transport(specs),
-                                              options.get("fault_injection"), "respond")
-        self.timeout = options.get("visit_timeout")
-        self.num_clients = num_clients
-        self.figures: Dict[str, Any] = dict(engine=engine_label, visit_timeout=self.timeout,
-                                            on_client_failure=options["on_client_failure"])
-        self.started = time.perf_counter()
+    def __init__(self, session):
+        self.session = session
+        self.transport = session.transport
+        self.timeout = session.timeout
+        self.num_clients = session.num_clients
 
     def configure(self, settings_of: Callable[[int], Dict[str, Any]]) -> None:
-        transport = self.transport
-        gather_before_sampling(transport, [transport.call(s, "configure", settings_of(s))
-                                           for s in range(self.num_clients)], self.timeout)
+        self.session.configure(lambda s: (settings_of(s),), timeout="visit")
 
     def setup(self, name: str, *args) -> List[Any]:
-        return call_all(self.transport, "setup", name, *args, timeout=self.timeout)
+        return self.session.ask(name, *args)
 
     def ready(self) -> None:
         """Set-up is over: record where the clients run and how long it took."""
-        self.figures["client_locations"] = call_all(self.transport, "location")
-        self.figures["setup_time"] = time.perf_counter() - self.started
+        self.session.ready()
 
     def respond(self, args_of: Dict[int, tuple]) -> Dict[int, Any]:
         """``respond`` to the clients of ``args_of`` with their arguments; a failure reaches
@@ -420,51 +408,51 @@ class _Clients:
 
     def info(self) -> Dict[str, Any]:
         """The transport's message and byte counts and the run's engine figures."""
-        out = self.transport.info()
+        out = self.session.figures()
         out["bytes_communicated"] = out["bytes_to_clients"] + out["bytes_from_clients"]
-        out.update(self.figures)
         return out
 
 
 @contextlib.contextmanager
-def _endpoints(functions, algorithm, model, federation, init, seed, make_transport,
-               options: Dict[str, Any], engine_label: str):
-    """``(clients, federation)`` for a run: the endpoints of ``functions`` on the transport and
-    the driver's view of the federation (from_loaders: what the clients report); closes the
-    transport at the end. The failure policy is "stop" only (a lost client's data would leave
-    the target)."""
+def _endpoints(functions, algorithm, model, federation, init, seed, engine,
+               options: Dict[str, Any]):
+    """``(clients, federation)`` for a run: the endpoints of ``functions`` in a
+    :func:`~fedmcmc.engines.session.protocol_session` of ``engine`` and the driver's view of
+    the federation (from_loaders: what the clients report); the session closes at the end.
+    The failure policy is "stop" only (a lost client's data would leave the target)."""
     policy = options["on_client_failure"]
     if policy != "stop":
         raise ValueError(
             f"on_client_failure={policy!r} is not available for {algorithm.name} on "
-            f"engine={engine_label!r} (a lost client's data would leave the target); use 'stop'")
-    clients = _Clients(functions, model, federation, init, seed, make_transport, options,
-                       engine_label)
-    try:
-        described = describe_federation(clients.transport, federation, model, init)
-        clients.transport.audit = bool(options.get("audit_messages", False))
-        yield clients, described
-    finally:
-        clients.transport.close()
+            f"engine={engine.label!r} (a lost client's data would leave the target); use 'stop'")
+    num_clients = federation.num_clients
+    sources = federation.client_sources()
+    specs = [(BroadcastClient, (s, sources[s], model, init, functions, num_clients, seed))
+             for s in range(num_clients)]
+    # fault_injection (tests only): the transport makes one client crash or hang
+    with protocol_session(engine, specs, federation, model, init, name=algorithm.name,
+                          options=options, fault_point="respond") as session:
+        yield _Clients(session), session.federation
 
 
 def _may_be_smaller(federation, batch_size: int) -> bool:
     return bool(np.min(np.asarray(federation.sizes)) < batch_size)
 
 
-def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
-                options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
+def sample_fald(algorithm, model, federation, engine, options: Dict[str, Any], *, init,
+                num_samples, burn_in, thin, chains, seed,
                 progress, run_request=None) -> BaselineRun:
     """FA-LD / VR-FALD* (``algorithm``: a :class:`fedmcmc.FALD`) with one endpoint per client
-    on the transport ``make_transport(specs)`` builds; ``options``: checked engine options.
+    in a protocol session of the message-passing ``engine``; ``options``: the run's checked
+    engine options.
     ``"auto"`` run lengths are resolved from the clients' Laplace fits (``info["thin"]``,
     ``info["burn_in"]``: the values used)."""
     if algorithm.variance_reduction and algorithm.reference_point is None:
         raise ValueError(
-            f"reference_point: VR-FALD* on engine={engine_label!r} needs theta* given (e.g. a "
+            f"reference_point: VR-FALD* on engine={engine.label!r} needs theta* given (e.g. a "
             "MAP estimate); the search for the global mode runs on engine='local' only")
-    with _endpoints(FALDFunctions(), algorithm, model, federation, init, seed, make_transport,
-                    options, engine_label) as (clients, federation):
+    with _endpoints(FALDFunctions(), algorithm, model, federation, init, seed, engine,
+                    options) as (clients, federation):
         flat = model.flatten(init)
         dim, num_clients, L = flat.dim, federation.num_clients, algorithm.local_steps
         weights = np.asarray(federation.weights)
@@ -535,7 +523,7 @@ def sample_fald(algorithm, model, federation, make_transport, engine_label: str,
         run = drive(draw_by_draw(draw_all, jax.random.key(seed), chains), states, chains=chains,
                     draw_dim=dim, burn_in=burn_in, num_samples=num_samples, draws_per_call=1,
                     divergence_threshold=algorithm.divergence_threshold, progress=progress,
-                    label=f"{algorithm.name} ({engine_label})", iterations_per_draw=thin,
+                    label=f"{algorithm.name} ({engine.label})", iterations_per_draw=thin,
                     **protocol_run_options(options))
         final = run.state
         rounds = np.asarray(final.rounds)
@@ -557,14 +545,14 @@ class QLSDServer(NamedTuple):
     iteration: int
 
 
-def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
-                options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
+def sample_qlsd(algorithm, model, federation, engine, options: Dict[str, Any], *, init,
+                num_samples, burn_in, thin, chains, seed,
                 progress, run_request=None) -> BaselineRun:
     """QLSD / QLSD++ (``algorithm``: a :class:`fedmcmc.QLSD`) with one endpoint per client.
     Like the in-process engine, the chains run as one state (one draw of the driver is a
     ``(chains * d,)`` vector), so a diverged chain stops every chain."""
-    with _endpoints(QLSDFunctions(), algorithm, model, federation, init, seed, make_transport,
-                    options, engine_label) as (clients, federation):
+    with _endpoints(QLSDFunctions(), algorithm, model, federation, init, seed, engine,
+                    options) as (clients, federation):
         flat = model.flatten(init)
         dim, num_clients = flat.dim, federation.num_clients
         weights = np.asarray(federation.weights)
@@ -619,7 +607,7 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
         run = drive(draw_by_draw(draw_all, jax.random.key(seed), 1), state, chains=1,
                     draw_dim=chains * dim, burn_in=burn_in, num_samples=num_samples,
                     draws_per_call=1, divergence_threshold=algorithm.divergence_threshold,
-                    progress=progress, label=f"{algorithm.name} ({engine_label})",
+                    progress=progress, label=f"{algorithm.name} ({engine.label})",
                     iterations_per_draw=thin * chains, **run_options)
         info = algorithm.settings_info(num_clients, levels, every, rate, step_size)
         info.update(resolved)
@@ -635,15 +623,15 @@ def sample_qlsd(algorithm, model, federation, make_transport, engine_label: str,
     return BaselineRun(run, info, run.state)
 
 
-def sample_consensus(algorithm, model, federation, make_transport, engine_label: str,
-                     options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
+def sample_consensus(algorithm, model, federation, engine, options: Dict[str, Any], *, init,
+                     num_samples, burn_in, thin, chains, seed,
                      progress) -> BaselineRun:
     """Consensus Monte Carlo (``algorithm``: a :class:`fedmcmc.ConsensusMC`) with one endpoint
     per client: each samples its subposterior and sends its draws up (chunk by chunk); the
     combination is the caller's (``consensus.combine``). A draw of the driver is every
     client's draw, ``(S * d,)``, as on the in-process engine."""
-    with _endpoints(ConsensusFunctions(), algorithm, model, federation, init, seed, make_transport,
-                    options, engine_label) as (clients, federation):
+    with _endpoints(ConsensusFunctions(), algorithm, model, federation, init, seed, engine,
+                    options) as (clients, federation):
         flat = model.flatten(init)
         dim, num_clients = flat.dim, federation.num_clients
         warmup = algorithm.warmup_steps(burn_in, thin)
@@ -678,7 +666,7 @@ def sample_consensus(algorithm, model, federation, make_transport, engine_label:
         run = drive(advance, state, chains=chains, draw_dim=num_clients * dim, burn_in=discard,
                     num_samples=num_samples,
                     divergence_threshold=algorithm.divergence_threshold, progress=progress,
-                    label=f"{algorithm.name} ({engine_label})", iterations_per_draw=thin,
+                    label=f"{algorithm.name} ({engine.label})", iterations_per_draw=thin,
                     chunk_size=chunk)
         info = algorithm.settings_info(num_clients, warmup)
         info["step_size_per_client"] = np.stack(step_sizes, axis=1).mean(axis=0).tolist()

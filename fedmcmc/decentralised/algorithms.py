@@ -118,10 +118,23 @@ def _check_graph(graph: Any) -> Any:
     )
 
 
+class _Plan(NamedTuple):
+    """What both runs of a decentralised algorithm start from (``_Decentralised._plan``)."""
+
+    topo: Any
+    settings: Settings
+    problems: Any
+    thin: int
+    burn_in: int
+    run_info: dict
+    min_ess: float
+
+
 class _Decentralised(Algorithm):
     tracking: bool = False
-    #: "ray": one Ray actor per agent, neighbour exchange actor to actor (``decentralised/distributed.py``)
-    engines = ("local", "ray")
+    #: the neighbour-exchange run (:meth:`sample_distributed`; on Ray one actor per agent,
+    #: neighbour messages actor to actor)
+    message_passing = True
     divergence_threshold: float = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS`` on the local
     #: engine (on engine="ray" the callbacks are accepted but not called, and resuming is
@@ -388,49 +401,63 @@ class _Decentralised(Algorithm):
         return resolved
 
     # --------------------------------------------------------------- sample
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
+    def _plan(self, model, federation, init, num_samples, burn_in, thin, chains, options,
+              setup) -> "_Plan":
+        """What both runs start from: the graph, the settings (``setup=False``: the agents'
+        curvature reports are not available, their data staying on the clients), Condition
+        1's problems and the run lengths (``run_request`` taken from ``options``)."""
         request = options.pop("run_request", None)
         if request is None:  # called directly, not through fm.sample
             request = run_length.RunRequest(
                 num_samples=int(num_samples),
                 burn_in=run_length.check_run_length(burn_in, "burn_in", 0),
                 thin=run_length.check_run_length(thin, "thin", 1), chains=int(chains))
-        n = federation.num_clients
-        topo = self.topology(n)
-        settings = self.settings(model, federation, init, topo,
-                                 setup=False if engine == "ray" and federation.is_deferred
-                                 else None, run_request=request)
+        topo = self.topology(federation.num_clients)
+        settings = self.settings(model, federation, init, topo, setup=setup,
+                                 run_request=request)
         problems = graph_module.check_condition_1(topo, settings.beta, settings.gamma,
                                                   self.condition)
         thin, burn_in, run_info = self.run_length_of(settings, topo, request)
         if settings.budget_reason is not None:
             _warn_budget(self.name, settings, run_info, self.tolerance)
-        min_ess = float(request.min_ess)
-        if engine == "ray":
-            resolved = self._resolved(settings)
-            result, run = sample_decentralised(
-                resolved, model, federation, init=init,
-                num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains, seed=seed,
-                progress=progress, **options,
-            )
-            result.info.update(settings.info)
-            result.info.update(_prediction_info(settings, self.tolerance))
-            result.info.update(run_info)
-            result.info["step_size"] = _describe_step(settings.step_size)
-            result.info["condition_1"] = problems
-            result.info["spread_limit"] = (resolved.spread_limit_value
-                                           if resolved.spread_limit_value is not None else "off")
-            if run.diverged.any():
-                raise self.stopped_error(result, run, thin, resolved.spread_limit_value,
-                                         problems)
-            if "bias_estimate" in result.info:
-                _warn_if_biased(self.name, result.info["bias_estimate"], self.tolerance,
-                                self.step_size == AUTO, result.info, min_ess)
-            return result
+        return _Plan(topo, settings, problems, thin, burn_in, run_info, float(request.min_ess))
+
+    def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
+                           thin, chains, seed, progress, **options):
+        """One endpoint per agent on the message-passing ``engine``'s transport, neighbour
+        messages relayed agent to agent (``fedmcmc.decentralised.distributed``)."""
+        plan = self._plan(model, federation, init, num_samples, burn_in, thin, chains,
+                          options, setup=False if federation.is_deferred else None)
+        settings, problems = plan.settings, plan.problems
+        resolved = self._resolved(settings)
+        result, run = sample_decentralised(
+            resolved, model, federation, engine, init=init,
+            num_samples=num_samples, burn_in=plan.burn_in, thin=plan.thin, chains=chains,
+            seed=seed, progress=progress, **options,
+        )
+        result.info.update(settings.info)
+        result.info.update(_prediction_info(settings, self.tolerance))
+        result.info.update(plan.run_info)
+        result.info["step_size"] = _describe_step(settings.step_size)
+        result.info["condition_1"] = problems
+        result.info["spread_limit"] = (resolved.spread_limit_value
+                                       if resolved.spread_limit_value is not None else "off")
+        if run.diverged.any():
+            raise self.stopped_error(result, run, plan.thin, resolved.spread_limit_value,
+                                     problems)
+        if "bias_estimate" in result.info:
+            _warn_if_biased(self.name, result.info["bias_estimate"], self.tolerance,
+                            self.step_size == AUTO, result.info, plan.min_ess)
+        return result
+
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
+        plan = self._plan(model, federation, init, num_samples, burn_in, thin, chains,
+                          options, setup=None)
+        n = federation.num_clients
+        topo, settings, problems = plan.topo, plan.settings, plan.problems
+        thin, burn_in, run_info, min_ess = plan.thin, plan.burn_in, plan.run_info, plan.min_ess
         run_options = split_run_options(options, self.name)
-        if engine != "local":
-            raise ValueError(f"engine={engine!r} is not available for {self.name}; use 'local'")
         beta, gamma = settings.beta, settings.gamma
 
         flat_model = model.flatten(init)

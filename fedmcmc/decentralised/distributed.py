@@ -46,20 +46,17 @@ import numpy as np
 from ..diagnostics import bias_estimate
 from .. import rng
 from ..cache import jit_with_constants_as_arguments
-from ..engines.comm import ClientFailureError, describe_federation, with_fault_injection
 from ..engines.comm import gather as comm_gather
-from ..engines.driver import ChainRun, drive
+from ..engines.driver import ChainRun
 from ..engines.local import iteration_key
 from ..engines.neighbour import NeighbourClient
-from ..engines.options import check_engine_options, protocol_run_options
+from ..engines.session import client_failure_error, protocol_session
 from ..minibatch import likelihood_gradient, take_minibatch
 from ..model import unravel_draws_numpy
-from ..protocols import ClientContext
+from ..protocols import ClientContext, NeighbourProtocol
 from ..results import assemble_result
 from ..schedules import decaying_schedule
 from . import kernels
-from ..engines.ray_engine import ray_transports
-from ..engines.ray_security import session_authentication
 
 __all__ = ["AgentFunctions", "NeighbourRun", "run_neighbour", "sample_decentralised"]
 
@@ -189,7 +186,7 @@ class _Agent:
         return np.asarray(direction), np.asarray(at_average)
 
 
-class AgentFunctions:
+class AgentFunctions(NeighbourProtocol):
     """DULA/GT-DULA's client-side functions (``client_<name>(context, *args)``), run by the
     engine's generic endpoint (``engines.neighbour.NeighbourClient``) in the agent's process.
     ``spec``: the run's settings (beta, gamma, step size, batch, noise) and, per agent, its
@@ -216,36 +213,31 @@ class AgentFunctions:
         return context.store["agent"].gradient_terms(w_bar)
 
 
-def sample_decentralised(algorithm, model, federation, *, init, num_samples, burn_in, thin,
-                         chains, seed, progress=None, **options):
-    """DULA/GT-DULA with the agents in Ray actors (``engine="ray"``): :func:`run_neighbour`
-    on a :class:`~fedmcmc.engines.ray_engine.RayTransport` inside the authenticated session;
-    returns its :class:`NeighbourRun`."""
-    options = check_engine_options(options, algorithm.name)
-    with ray_transports(options) as make_transport:
-        authentication = session_authentication()  # for info (ray_security.py)
-        neighbour_run = run_neighbour(algorithm, model, federation, make_transport, "ray", options,
-                               init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                               chains=chains, seed=seed, progress=progress)
-    neighbour_run.result.info.update(authentication)
-    return neighbour_run
+def sample_decentralised(algorithm, model, federation, engine, *, init, num_samples, burn_in,
+                         thin, chains, seed, progress=None, **options):
+    """DULA/GT-DULA with the agents as endpoints of the message-passing ``engine`` (on Ray,
+    actors): :func:`run_neighbour` with the run's checked options; ``options``: the run
+    options (``chunk_size``, ``on_draws``). Returns the :class:`NeighbourRun`."""
+    return run_neighbour(algorithm, model, federation, engine,
+                         engine.session_options(options, algorithm.name), init=init,
+                         num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
+                         seed=seed, progress=progress)
 
 
-def run_neighbour(algorithm, model, federation, make_transport, engine_label: str,
-                  options: Dict[str, Any], *, init, num_samples, burn_in, thin, chains, seed,
-                  progress=None):
-    """DULA/GT-DULA with one endpoint per agent on the transport ``make_transport(specs)``
-    builds: every iteration each agent steps with its neighbours' messages of that
-    iteration, relayed agent to agent (``Transport.relay``: on Ray the driver never sees
-    them); the driver reads every agent's state once per kept draw. ``options``: checked
-    engine options (``check_engine_options``)."""
+def run_neighbour(algorithm, model, federation, engine, options: Dict[str, Any], *, init,
+                  num_samples, burn_in, thin, chains, seed, progress=None):
+    """DULA/GT-DULA with one endpoint per agent in a :func:`~fedmcmc.engines.session.
+    protocol_session` of ``engine``: every iteration each agent steps with its neighbours'
+    messages of that iteration, relayed agent to agent (``Transport.relay``: on Ray the
+    driver never sees them); the driver reads every agent's state once per kept draw.
+    ``options``: the run's checked engine options (``engine.session_options``)."""
     if options["on_client_failure"] != "stop":
         # an agent's neighbours mix with its state every iteration: leaving it out changes the
         # graph (and may disconnect it), so there is no run to continue
         raise ValueError(
             f"on_client_failure={options['on_client_failure']!r} is not available for "
-            f"{algorithm.name} on engine={engine_label!r} (dropping an agent changes the graph); "
-            "use 'stop'")
+            f"{algorithm.name} on engine={engine.label!r} (dropping an agent changes the "
+            "graph); use 'stop'")
     n = federation.num_clients
     topo = algorithm.topology(n)
     flat_model = model.flatten(init)
@@ -267,93 +259,82 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
     total = burn_in + num_samples
     floats_per_message = chains * dim * (2 if tracking else 1)
     track = bool(algorithm.gradient_error)
-    transport = with_fault_injection(make_transport(specs), options.get("fault_injection"),
-                                     "step")
-    transport.audit = bool(options.get("audit_messages", False))
-    if federation.is_deferred:
-        # from_loaders: the agents loaded their rows themselves and report their sizes
-        try:
-            federation = describe_federation(transport, federation, model, init)
-        except Exception:
-            transport.close()
-            raise
     timeout = options.get("visit_timeout")
-    agents = np.full((chains, total, n, dim), np.nan, np.float32)
-    gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
-    global_gradient = np.full((chains, total, dim), np.nan) if track else None
-    # the spread check of fm.DULA/GTDULA (a consensus error past spread_limit x the Laplace
-    # total variance after burn-in stops the run, as on engine="local"); None when off
-    spread_limit = getattr(algorithm, "spread_limit_value", None)
+    with protocol_session(engine, specs, federation, model, init, name=algorithm.name,
+                          options=options, fault_point="step") as session:
+        # from_loaders: the agents loaded their rows themselves and report their sizes
+        federation, transport = session.federation, session.transport
+        agents = np.full((chains, total, n, dim), np.nan, np.float32)
+        gradient_error = np.full((chains, total), np.nan, np.float32) if track else None
+        global_gradient = np.full((chains, total, dim), np.nan) if track else None
+        # the spread check of fm.DULA/GTDULA (a consensus error past spread_limit x the Laplace
+        # total variance after burn-in stops the run, as on engine="local"); None when off
+        spread_limit = getattr(algorithm, "spread_limit_value", None)
 
-    def gather(pendings):
-        """The replies of ``pendings`` in order (each read and counted once); a failure
-        reaches the driver as ClientFailure."""
-        return comm_gather(transport, pendings, timeout)
+        def gather(pendings):
+            """The replies of ``pendings`` in order (each read and counted once); a failure
+            reaches the driver as ClientFailure."""
+            return comm_gather(transport, pendings, timeout)
 
-    def record_gradient_terms(index, replies):
-        # replies[i] = (d_i, grad E_i(w_bar)) of agent i, each (chains, dim)
-        directions = np.stack([r[0] for r in replies], axis=1).astype(np.float64)
-        u_bar = np.mean([r[1] for r in replies], axis=0, dtype=np.float64)  # (chains, dim)
-        gradient_error[:, index] = np.sqrt(
-            np.sum((directions - u_bar[:, None, :]) ** 2, axis=(1, 2)))
-        # sum_i grad E_i(w_bar): the network average's bias estimate (info["bias_estimate"])
-        global_gradient[:, index] = n * u_bar
+        def record_gradient_terms(index, replies):
+            # replies[i] = (d_i, grad E_i(w_bar)) of agent i, each (chains, dim)
+            directions = np.stack([r[0] for r in replies], axis=1).astype(np.float64)
+            u_bar = np.mean([r[1] for r in replies], axis=0, dtype=np.float64)  # (chains, dim)
+            gradient_error[:, index] = np.sqrt(
+                np.sum((directions - u_bar[:, None, :]) ** 2, axis=(1, 2)))
+            # sum_i grad E_i(w_bar): the network average's bias estimate (info["bias_estimate"])
+            global_gradient[:, index] = n * u_bar
 
-    exchange = {"refs": None, "pending": None}  # last messages; gradient terms not read yet
+        exchange = {"refs": None, "pending": None}  # last messages; gradient terms not read yet
 
-    def one_draw(index: int):
-        """``thin`` iterations of every agent, then the draw: the network average."""
-        refs = exchange["refs"]
-        for j in range(thin):
-            k = index * thin + j
-            refs = [transport.relay(i, "step", k, *[refs[a] for a in neighbours[i]])
-                    for i in range(n)]
-        exchange["refs"] = refs
-        pending = exchange["pending"]
-        if pending is None:
-            messages = gather(refs)
-        else:
-            replies = gather(refs + pending[1])
-            messages = replies[:n]
-            record_gradient_terms(pending[0], replies[n:])
-            exchange["pending"] = None
-        w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
-        w_bar = w.mean(axis=1)
-        agents[:, index] = w
-        consensus = (np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n).astype(np.float32)
-        draw = w_bar.copy()
-        if spread_limit is not None and index >= burn_in:
-            draw[consensus > spread_limit] = np.nan  # the spread check stops these chains
-        if track and index >= burn_in and np.all(np.isfinite(draw)):
-            # queued after this draw's iterations and before the next one's: read with
-            # the next gather
-            exchange["pending"] = (index, [transport.call(i, "setup", "gradient_terms", w_bar)
-                                           for i in range(n)])
-        return draw, consensus
+        def one_draw(index: int):
+            """``thin`` iterations of every agent, then the draw: the network average."""
+            refs = exchange["refs"]
+            for j in range(thin):
+                k = index * thin + j
+                refs = [transport.relay(i, "step", k, *[refs[a] for a in neighbours[i]])
+                        for i in range(n)]
+            exchange["refs"] = refs
+            pending = exchange["pending"]
+            if pending is None:
+                messages = gather(refs)
+            else:
+                replies = gather(refs + pending[1])
+                messages = replies[:n]
+                record_gradient_terms(pending[0], replies[n:])
+                exchange["pending"] = None
+            w = np.stack([m[0] for m in messages], axis=1)  # (chains, n, dim)
+            w_bar = w.mean(axis=1)
+            agents[:, index] = w
+            consensus = (np.sum((w - w_bar[:, None]) ** 2, axis=(1, 2)) / n).astype(np.float32)
+            draw = w_bar.copy()
+            if spread_limit is not None and index >= burn_in:
+                draw[consensus > spread_limit] = np.nan  # the spread check stops these chains
+            if track and index >= burn_in and np.all(np.isfinite(draw)):
+                # queued after this draw's iterations and before the next one's: read with
+                # the next gather
+                exchange["pending"] = (index, [transport.call(i, "setup", "gradient_terms", w_bar)
+                                               for i in range(n)])
+            return draw, consensus
 
-    def advance(states, first_draw, count):
-        rows = [one_draw(index) for index in range(first_draw, first_draw + count)]
-        return states, np.stack([r[0] for r in rows]), {
-            "consensus_error": np.stack([r[1] for r in rows])}
+        def advance(states, first_draw, count):
+            rows = [one_draw(index) for index in range(first_draw, first_draw + count)]
+            return states, np.stack([r[0] for r in rows]), {
+                "consensus_error": np.stack([r[1] for r in rows])}
 
-    try:
         exchange["refs"] = [transport.relay(i, "message") for i in range(n)]
-        run = drive(advance, None, chains=chains, draw_dim=dim, burn_in=burn_in,
-                    num_samples=num_samples, draws_per_call=1,
-                    divergence_threshold=algorithm.divergence_threshold, progress=progress,
-                    label=f"{algorithm.name} ({engine_label})", iterations_per_draw=thin,
-                    # the draws are the network average, what on_draws gets in-process too
-                    **protocol_run_options(options))
+        # the draws are the network average, what on_draws gets in-process too
+        run = session.drive(advance, None, chains=chains, draw_dim=dim, burn_in=burn_in,
+                            num_samples=num_samples, draws_per_call=1,
+                            divergence_threshold=algorithm.divergence_threshold,
+                            progress=progress, iterations_per_draw=thin)
         if exchange["pending"] is not None and run.failure is None:
             record_gradient_terms(exchange["pending"][0], gather(exchange["pending"][1]))
-    finally:
-        transport.close()
+        figures = session.figures()
     result = _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin,
-                     topo, neighbours, floats_per_message, transport, engine_label)
+                     topo, neighbours, floats_per_message, figures)
     if run.failure is not None:
-        raise ClientFailureError(
-            f"an agent failed ({run.failure.reason}); the run stopped. Draws made so far are in "
-            "error.result", result, run.failure.client, run.failure.reason)
+        raise client_failure_error(algorithm.name, engine.label, run, result, role="agent")
     done = run.draws_done
     if global_gradient is not None and done > burn_in and not run.diverged.any():
         estimate = bias_estimate(np.asarray(run.draws, np.float64),
@@ -365,34 +346,26 @@ def run_neighbour(algorithm, model, federation, make_transport, engine_label: st
 
 
 def _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin, topo,
-            neighbours, floats_per_message, transport, engine_label):
+            neighbours, floats_per_message, figures):
+    """The run's result; ``figures``: the session's (the transport's counts of the driver's
+    messages, the engine, where the agents ran)."""
     iterations = run.draws_done * thin
     directed = sum(len(nb) for nb in neighbours)
     between = iterations * directed
-    # the driver's messages: the gathers of the kept draws (every agent's w_i[, d_i] every thin
-    # iterations) and, with gradient_error, w_bar to every agent and (d_i, grad E_i(w_bar)) back
-    counts, nbytes, floats = transport.counts, transport.bytes, transport.floats
-    info = {
-        "engine": engine_label,
+    # the driver's messages (the transport's counts): the gathers of the kept draws (every
+    # agent's w_i[, d_i] every thin iterations) and, with gradient_error, w_bar to every agent
+    # and (d_i, grad E_i(w_bar)) back; the agents' messages to each other are relayed, so
+    # counted here: one per directed edge and iteration (all chains' w_j[, d_j]), actor to actor
+    info = dict(figures)
+    info.update({
         "beta": algorithm.beta,
         "rounds": iterations,
-        # one message per directed edge and iteration (all chains' w_j[, d_j]), actor to actor
         "messages_between_agents": int(between),
         "bytes_between_agents": int(between * floats_per_message * 4),
-        "messages_to_clients": int(counts["to_clients"]),
-        "bytes_to_clients": int(nbytes["to_clients"]),
-        "messages_from_clients": int(counts["from_clients"]),
-        "bytes_from_clients": int(nbytes["from_clients"]),
-        "messages": int(between + counts["to_clients"] + counts["from_clients"]),
-        "floats_communicated": int(between * floats_per_message + floats["to_clients"]
-                                   + floats["from_clients"]),
-    }
-    if transport.audit:
-        info["client_message_audit"] = [
-            [c, m, [[list(shape), dtype] for shape, dtype in arrays]]
-            for c, m, arrays in transport.sent_by_clients
-        ]
-    info.update(transport.placement())
+        "messages": int(between + figures["messages"]),
+        "floats_communicated": int(between * floats_per_message
+                                   + figures["floats_communicated"]),
+    })
     info.update(topo.describe())
     gamma = algorithm.fixed_gamma()
     if gamma is not None:

@@ -49,18 +49,16 @@ from ..federation import Federation, describe_client
 from ..model import unravel_draws_numpy
 from ..protocols import (HandoffProtocol, ServerSide, client_context, client_function,
                          draw_client, update_step)
-from ..results import assemble_result, divergence_details, diverged_error
-from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessTransport,
-                   Transport, call_all, describe_federation, gather_before_sampling,
-                   with_fault_injection)
-from .driver import PartialDraws, check_draws, drive
+from .comm import ClientEndpoint, ClientFailure, Transport
+from .driver import PartialDraws, check_draws
 from .local import iteration_key
-from .options import check_engine_options, protocol_run_options
-from .ray_engine import ray_transports
-from .ray_security import record_ray_authentication
+from .engine import InProcessEngine, ProtocolEngine
+from .options import ENGINE_OPTIONS, RAY_ONLY_OPTIONS
+from .ray_engine import RayEngine
+from .session import finish_run, protocol_session
 
 __all__ = ["HandoffClient", "HandoffServer", "sample_handoff", "sample_protocol",
-           "sample_on_ray"]
+           "protocol_engine"]
 
 
 # ----------------------------------------------------------------------------- client side
@@ -432,7 +430,7 @@ def sample_handoff(
     protocol: HandoffProtocol,
     model,
     federation: Federation,
-    make_transport: Callable[[List[tuple]], Transport],
+    engine: ProtocolEngine,
     *,
     init,
     num_samples: int,
@@ -440,28 +438,24 @@ def sample_handoff(
     thin: int,
     chains: int,
     seed: int,
-    engine_label: str,
-    visit_timeout: Optional[float] = None,
-    on_client_failure: str = "stop",
-    audit_messages: bool = False,
-    fault_injection: Optional[dict] = None,
     progress: Optional[bool] = None,
     info: Optional[Dict[str, Any]] = None,
-    chunk_size: Optional[int] = None,
-    on_draws: Optional[Callable] = None,
+    **run_options,
 ):
-    """Run a hand-off ``protocol`` on the transport ``make_transport`` builds.
+    """Run a hand-off ``protocol`` on the client endpoints of the message-passing ``engine``
+    (one :class:`HandoffClient` per client, in the engine's :func:`~fedmcmc.engines.session.
+    protocol_session`; on Ray placed in actors as the engine's options ask).
 
-    ``make_transport(specs)`` receives one ``(HandoffClient, args)`` per client and
-    returns a :class:`Transport` whose endpoints are those clients. The protocol's
-    :meth:`~fedmcmc.protocols.HandoffProtocol.prepare` and
+    The protocol's :meth:`~fedmcmc.protocols.HandoffProtocol.prepare` and
     :meth:`~fedmcmc.protocols.HandoffProtocol.client_parameters` run here, in the
     driver, on the clients' replies; ``info``: entries to start ``Result.info`` with.
-    ``chunk_size`` and ``on_draws``: the run options of :func:`fedmcmc.engines.driver.drive`
-    (the draws are flat positions, as on the in-process engine).
+    ``run_options``: ``chunk_size`` and ``on_draws``, the run options of
+    :func:`fedmcmc.engines.driver.drive` (the draws are flat positions, as on the
+    in-process engine).
     """
     if not isinstance(protocol, HandoffProtocol):
         raise ValueError(f"protocol must be a fedmcmc.protocols.HandoffProtocol, got {protocol!r}")
+    options = engine.session_options(run_options, protocol.name)
     flat_model = model.flatten(init)
     theta0 = np.asarray(flat_model.ravel(init))
     num_clients = federation.num_clients
@@ -471,29 +465,17 @@ def sample_handoff(
     spec = {"seed": int(seed), "chains": int(chains),
             "thin": None if thin_by_setup else int(thin), "num_clients": num_clients}
     info = dict(info or {})
-    info.update(engine=engine_label, local_steps=protocol.local_steps, num_clients=num_clients,
-                on_client_failure=on_client_failure, visit_timeout=visit_timeout)
+    info.update(local_steps=protocol.local_steps, num_clients=num_clients)
     sources = federation.client_sources()
     specs = [(HandoffClient, (s, sources[s], model, init, protocol, spec))
              for s in range(num_clients)]
-    # fault_injection (tests only): the transport makes one client crash or hang
-    phases = {}  # the set-up's phases in seconds (info["setup_phases"])
-    phase_started = time.perf_counter()
-    transport = with_fault_injection(make_transport(specs), fault_injection, "visit")
-    try:
-        # from_loaders: each client loaded its rows in its own process; the driver learns
-        # their sizes (hence the default f_s) from the clients' descriptions
-        federation = describe_federation(transport, federation, model, init)
-        phases["clients_started"] = time.perf_counter() - phase_started
-        transport.audit = bool(audit_messages)
-        setup_started = time.perf_counter()
+    with protocol_session(engine, specs, federation, model, init, name=protocol.name,
+                          options=options, fault_point="visit") as session:
+        federation = session.federation
         timeout = [None]  # set-up before sampling waits without a limit (it compiles)
 
         def ask(name, args_of_client, clients=None):
-            clients = list(range(num_clients)) if clients is None else list(clients)
-            pendings = transport.call_each(clients, "setup",
-                                           lambda s: (name,) + tuple(args_of_client(s)))
-            return gather_before_sampling(transport, pendings, timeout[0])
+            return session.ask_each(name, args_of_client, clients, timeout[0])
 
         server = ServerSide(ask=ask, flat_model=flat_model, theta0=theta0,
                             num_clients=num_clients, seed=int(seed), info=info,
@@ -506,7 +488,7 @@ def sample_handoff(
                 raise ValueError(f"{argument}='auto' is not resolved by {protocol.name}'s "
                                  f"set-up; give {argument} as an integer")
         thin, burn_in = int(thin), int(burn_in)
-        phases["prepare"] = time.perf_counter() - setup_started
+        session.phase("prepare")
         # after prepare: its set-up may have chosen the f_s (client_selection)
         weights = np.asarray(protocol.scheduler_weights(prepared, federation.weights),
                              np.float64)
@@ -519,58 +501,42 @@ def sample_handoff(
                                  f"{len(parameters)} entries for {len(kept)} clients")
             parameters_of = dict(zip(kept, parameters))
             extra = (thin,) if thin_by_setup else ()
-            gather_before_sampling(
-                transport, transport.call_each(kept, "configure",
-                                               lambda s: (parameters_of[s],) + extra),
-                timeout[0])
+            session.configure(lambda s: (parameters_of[s],) + extra, clients=kept,
+                              timeout=timeout[0])
 
-        configure_started = time.perf_counter()
         configure(weights)
-        phases["configure"] = time.perf_counter() - configure_started
-        timeout[0] = visit_timeout  # after a drop, reconfiguring is bounded like a visit
-        info["client_locations"] = call_all(transport, "location")
-        info["setup_time"] = time.perf_counter() - setup_started
-        info["setup_phases"] = phases
+        session.phase("configure")
+        timeout[0] = session.timeout  # after a drop, reconfiguring is bounded like a visit
+        session.ready()
         total = burn_in + num_samples
-        server = HandoffServer(
-            transport, weights=weights, initial_carry=protocol.init_carry(theta0),
+        handoff = HandoffServer(
+            session.transport, weights=weights, initial_carry=protocol.init_carry(theta0),
             position_of=protocol.position, chains=chains, thin=thin,
             local_steps=protocol.local_steps, total_draws=total, seed=seed,
-            visit_timeout=visit_timeout, on_client_failure=on_client_failure,
+            visit_timeout=session.timeout, on_client_failure=session.policy,
             divergence_threshold=protocol.divergence_threshold, reconfigure=configure)
-        run = drive(server.advance, None, chains=chains, draw_dim=flat_model.dim,
-                    burn_in=burn_in, num_samples=num_samples,
-                    divergence_threshold=protocol.divergence_threshold, progress=progress,
-                    label=f"{protocol.name} ({engine_label})", iterations_per_draw=thin,
-                    chunk_size=chunk_size, on_draws=on_draws)
-        result = _result_of(run, server, protocol.name, flat_model, info, transport, burn_in,
-                            thin)
-    finally:
-        transport.close()
-    if run.failure is not None:
-        failure = run.failure
-        why = ("no client left" if getattr(failure, "no_client_left", False)
-               else 'on_client_failure="stop"')
-        raise ClientFailureError(
-            f"client {failure.client} failed ({failure.reason}); the run stopped ({why}). "
-            f"Draws received so far are in error.result (per chain: "
-            f"{server.done.tolist()} of {total}); on_client_failure='drop' continues without "
-            "the client", result, failure.client, failure.reason)
-    if run.diverged.any():
-        raise diverged_error(
-            f"{protocol.name} (engine={engine_label!r})", result,
-            divergence_details(run, thin, ("client", "round")),
-            "diverged (non-finite or |theta| > "
-            f"{protocol.divergence_threshold:g}); lower step_size")
-    return result
+        run = session.drive(handoff.advance, None, chains=chains, draw_dim=flat_model.dim,
+                            burn_in=burn_in, num_samples=num_samples,
+                            divergence_threshold=protocol.divergence_threshold,
+                            progress=progress, iterations_per_draw=thin)
+        info.update(session.figures())
+        info.update(_server_figures(run, handoff, info, burn_in))
+    why = ("no client left" if getattr(run.failure, "no_client_left", False)
+           else 'on_client_failure="stop"')
+    return finish_run(
+        run, name=protocol.name, label=engine.label, info=info, dim=flat_model.dim,
+        thin=thin, burn_in=burn_in, unravel=lambda draws: unravel_draws_numpy(flat_model, draws),
+        failure_detail=(f"{why}; per chain: {handoff.done.tolist()} of {total}; "
+                        "on_client_failure='drop' continues without the client"),
+        divergence_stats=("client", "round"),
+        divergence_cause=("diverged (non-finite or |theta| > "
+                          f"{protocol.divergence_threshold:g}); lower step_size"))
 
 
-def _result_of(run, server: HandoffServer, name: str, flat_model, base_info, transport,
-               burn_in, thin):
-    """The run's :class:`~fedmcmc.results.Result`: the driver's draws and the server's
-    counts (rounds, visits, failures, f_s after a drop)."""
-    info = dict(base_info)
-    info.update(
+def _server_figures(run, server: HandoffServer, info: Dict[str, Any], burn_in: int):
+    """The hand-off server's counts for ``Result.info`` (rounds, visits, failures, f_s after
+    a drop); ``info``: the run's so far (its ``on_client_failure``)."""
+    out = dict(
         rounds=int(server.rounds.max()),
         rounds_per_chain=server.rounds.tolist(),
         visits_per_client=server.visits.sum(axis=0).tolist(),
@@ -579,70 +545,64 @@ def _result_of(run, server: HandoffServer, name: str, flat_model, base_info, tra
         mean_visit_seconds=(float(np.mean(server.visit_seconds)) if server.visit_seconds
                             else None),
     )
-    info.update(transport.info())
     if server.failures:
-        info["client_failures"] = server.failures
+        out["client_failures"] = server.failures
         dropped = [f["client"] for f in server.failures]
-        info["dropped_clients"] = dropped
-        if base_info.get("on_client_failure") == "drop":
-            info["target_changed"] = True
-            info["target"] = (
+        out["dropped_clients"] = dropped
+        if info.get("on_client_failure") == "drop":
+            out["target_changed"] = True
+            out["target"] = (
                 f"posterior given the data of clients "
                 f"{[s for s in range(len(server.original_weights)) if s not in dropped]} only "
                 f"(clients {dropped} dropped mid-run; f_s renormalised)"
             )
-            info["weights_after_drop"] = server.weights.tolist()
-    return assemble_result(
-        run, algorithm=name, info=info, dim=flat_model.dim, thin=thin, burn_in=burn_in,
-        unravel=lambda draws: unravel_draws_numpy(flat_model, draws))
+            out["weights_after_drop"] = server.weights.tolist()
+    return out
 
 
-def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str, init,
+def protocol_engine(engine: Any, options: Dict[str, Any]) -> ProtocolEngine:
+    """The message-passing engine ``engine`` names: itself when it is a
+    :class:`~fedmcmc.engines.engine.ProtocolEngine`; ``"ray"``: a
+    :class:`~fedmcmc.engines.ray_engine.RayEngine` of the engine options among ``options``;
+    ``"local"``: an :class:`~fedmcmc.engines.engine.InProcessEngine` of the options every
+    message-passing engine takes. The engine options are removed from ``options`` (what stays
+    are the run's); ``ValueError`` naming ``engine`` or a misplaced option otherwise."""
+    if isinstance(engine, ProtocolEngine):
+        return engine
+    if isinstance(engine, str) and engine == "ray":
+        return RayEngine.from_options({k: options.pop(k) for k in ENGINE_OPTIONS
+                                       if k in options})
+    if isinstance(engine, str) and engine == "local":
+        ray_only = [k for k in RAY_ONLY_OPTIONS if options.get(k) not in (None, False, 0)]
+        if ray_only:
+            raise ValueError(f"{ray_only[0]} is a Ray option; engine='local' takes none")
+        common = {k: options.pop(k) for k in ENGINE_OPTIONS
+                  if k in options and k not in RAY_ONLY_OPTIONS}
+        return InProcessEngine(**common)
+    raise ValueError(f"engine must be 'local', 'ray' or a message-passing engine object "
+                     f"such as fm.RayEngine(...), got {engine!r}")
+
+
+def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: Any, init,
                     num_samples: int, burn_in: int, thin: int, chains: int, seed: int,
                     progress: Optional[bool] = None, info: Optional[Dict[str, Any]] = None,
                     **options):
     """Run a hand-off ``protocol`` on ``engine``: ``"local"`` (its clients as objects in this
     process, :class:`~fedmcmc.engines.comm.InProcessTransport`, message for message as on
-    Ray) or ``"ray"`` (client endpoints in Ray actors, :func:`sample_on_ray`).
+    Ray), ``"ray"`` (client endpoints in Ray actors) or a message-passing engine object
+    (``fm.RayEngine(...)``; :func:`protocol_engine`).
 
     This is what an algorithm defined outside the package calls from its ``sample``: it
     needs no edit of fedmcmc (``docs/development``, "Adding a hand-off algorithm").
-    ``options``: the engine options of ``fedmcmc.engines.options`` (``visit_timeout``,
-    ``on_client_failure``, ``audit_messages``, and on Ray ``ray_address`` etc.), and the run
-    options ``chunk_size`` and ``on_draws`` (``on_chunk`` is not called: no resume).
+    ``options``: with an engine named by a string, the engine options of
+    ``fedmcmc.engines.options`` (``visit_timeout``, ``on_client_failure``,
+    ``audit_messages``, and on Ray ``ray_address`` etc.); and the run options
+    ``chunk_size`` and ``on_draws`` (``on_chunk`` is not called: no resume).
     """
     if not isinstance(protocol, HandoffProtocol):
         raise ValueError(f"protocol must be a fedmcmc.protocols.HandoffProtocol, got {protocol!r}")
-    common = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-                  chains=chains, seed=seed, progress=progress, info=info)
-    if engine == "ray":
-        return sample_on_ray(protocol, model, federation, **common, **options)
-    if engine != "local":
-        raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
-    options = check_engine_options(options, protocol.name, engine="local")
-    return sample_handoff(
-        protocol, model, federation,
-        lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
-        engine_label="local", visit_timeout=options.get("visit_timeout"),
-        on_client_failure=options["on_client_failure"],
-        audit_messages=bool(options.get("audit_messages", False)),
-        fault_injection=options.get("fault_injection"), **protocol_run_options(options),
-        **common)
-
-
-def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_samples, burn_in,
-                  thin, chains, seed, progress=None, info=None, **options):
-    """A hand-off protocol (DSGLD, FSGLD, or one defined outside the package) on Ray, the
-    client endpoints placed in actors as the engine options ask (``ray_engine.py``)."""
-    options = check_engine_options(options, protocol.name)
-    with ray_transports(options) as make_transport:
-        return record_ray_authentication(sample_handoff(
-            protocol, model, federation, make_transport,
-            init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
-            seed=seed, engine_label="ray",
-            visit_timeout=options.get("visit_timeout"),
-            on_client_failure=options["on_client_failure"],
-            audit_messages=bool(options.get("audit_messages", False)),
-            fault_injection=options.get("fault_injection"),
-            progress=progress, info=info, **protocol_run_options(options),
-        ))
+    options = dict(options)
+    engine = protocol_engine(engine, options)
+    return sample_handoff(protocol, model, federation, engine, init=init,
+                          num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
+                          seed=seed, progress=progress, info=info, **options)

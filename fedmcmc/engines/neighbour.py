@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..protocols import client_context, client_function
+from ..protocols import NeighbourProtocol, client_context, client_function
 from .comm import ClientEndpoint
 
 __all__ = ["NeighbourClient"]
@@ -22,31 +22,32 @@ __all__ = ["NeighbourClient"]
 class NeighbourClient(ClientEndpoint):
     """One agent of a neighbour-exchange protocol: its data and the family's functions.
 
-    ``functions`` has methods ``client_<name>(context, *args)``, run here on a
-    :class:`~fedmcmc.protocols.ClientContext` holding only this agent's rows;
-    ``client_start(context, *start)`` runs once at construction (``start``: the agent's
-    place in the graph). Messages: ``message()`` (its outgoing message), ``step(k,
+    ``functions`` is a :class:`~fedmcmc.protocols.NeighbourProtocol`, whose client-side
+    methods run here on a :class:`~fedmcmc.protocols.ClientContext` holding only this
+    agent's rows: ``client_start(context, *start)`` once at construction (``start``: the
+    agent's place in the graph). Messages: ``message()`` (its outgoing message), ``step(k,
     *neighbour_messages)`` (iteration k from its neighbours' messages; returns the new
-    outgoing message) and ``setup(name, *args)`` (other questions, e.g. gradient terms)."""
+    outgoing message) and ``setup(name, *args)`` (other questions, e.g. gradient terms:
+    ``client_<name>``, looked up by name)."""
 
     RUN_WIDE_ARGUMENTS = (2, 3, 4)  # model, init, functions: the same for every client
 
     def __init__(self, index: int, source: Any, model, init: Any, functions: Any,
                  num_clients: int, seed: int, start: tuple = ()):
+        if not isinstance(functions, NeighbourProtocol):
+            raise ValueError(f"functions must be a fedmcmc.protocols.NeighbourProtocol, got "
+                             f"{functions!r}")
         super().__init__(index, source)
         self.functions = functions
         self.context = client_context(self.index, self.data, self.size, model, init,
                                       num_clients, seed)
-        self._call("start", *start)
-
-    def _call(self, name: str, *args):
-        return client_function(self.functions, name)(self.context, *args)
+        functions.client_start(self.context, *start)
 
     def message(self):
-        return self._call("message")
+        return self.functions.client_message(self.context)
 
     def step(self, k: int, *neighbour_messages):
-        return self._call("step", k, *neighbour_messages)
+        return self.functions.client_step(self.context, k, *neighbour_messages)
 
     def setup(self, name: str, *args):
-        return self._call(name, *args)
+        return client_function(self.functions, name)(self.context, *args)

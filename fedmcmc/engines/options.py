@@ -1,5 +1,7 @@
-"""The options of ``fm.sample(..., engine="ray", **options)``, checked once for every family
-(the list and their meaning: ``ray_engine.py``'s module docstring)."""
+"""The engine options as a dict: the keyword options of ``fm.sample(..., engine="ray",
+**options)`` (mapped onto ``fm.RayEngine``'s constructor; the list and their meaning:
+``ray_engine.py``'s module docstring), and the check of one message-passing run's options
+(``ProtocolEngine.session_options``: the engine's settings and the run options it honours)."""
 
 from __future__ import annotations
 

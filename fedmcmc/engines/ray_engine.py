@@ -22,7 +22,9 @@ its JAX import, its compiled programs (clients of the same shapes compile once)
 and its fate (a crashed actor fails all of its clients; its clients' messages
 are answered one after the other).
 
-Options of ``fm.sample(..., engine="ray", **options)``:
+The engine is :class:`RayEngine` (``fm.RayEngine``); ``fm.sample(..., engine="ray",
+**options)`` builds one from the options below (``ray_address`` is its ``address``,
+``ray_init_options`` its ``init_options``, the others keep their names):
 
 ``ray_address``
     Address of an existing cluster (``"auto"``, ``"ray://host:10001"``,
@@ -115,7 +117,13 @@ called, and ``start_draw``/``resume_state`` are refused: a Ray run is not resume
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, Sequence
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence
+
+import numpy as np
+
+from ..algorithm import check_positive_int
+from .engine import ProtocolEngine
+from .options import check_channel_ports
 
 from .ray_actors import (  # noqa: F401 - re-exported: this module is the engine's public entry
     ClientHost,
@@ -135,15 +143,17 @@ from .ray_placement import (  # noqa: F401
 from .ray_security import (  # noqa: F401 - ray_session, LOOPBACK are this module's API
     LOOPBACK,
     UnauthenticatedClusterError,
+    check_allow_unauthenticated,
     import_ray as _import_ray,
     ray_session,
+    session_authentication,
 )
 from .ray_transport import RayTransport, is_direct
 
 #: the name tests imported before the split (``is_direct``)
 _is_direct = is_direct
 
-__all__ = ["ray_session", "ray_transports", "RayTransport", "ClientHost", "LOOPBACK",
+__all__ = ["RayEngine", "ray_session", "ray_transports", "RayTransport", "ClientHost", "LOOPBACK",
            "actor_groups", "UnauthenticatedClusterError", "release_idle_actors", "idle_actors",
            "PlacementWarning", "placement_hint", "ChannelWarning", "direct_channel_wanted",
            "Unpacked", "packed", "unpacked", "is_direct"]
@@ -162,3 +172,133 @@ def ray_transports(options: Dict[str, Any]) -> Iterator[Callable[[Sequence[tuple
     with ray_session(options.get("ray_address"), options.get("ray_init_options"),
                      options.get("allow_unauthenticated_cluster", False)):
         yield lambda specs: RayTransport.from_options(specs, options)
+
+
+#: ``fm.sample``'s keyword options of the Ray engine, by the :class:`RayEngine` argument each
+#: sets (the others keep their names)
+RENAMED_OPTIONS = {"ray_address": "address", "ray_init_options": "init_options"}
+
+
+def _check_switch(value, argument: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{argument} must be True or False, got {value!r}")
+    return bool(value)
+
+
+class RayEngine(ProtocolEngine):
+    """Client endpoints in Ray actors (this module's docstring: what each option does).
+
+    Parameters
+    ----------
+    clients_per_actor:
+        Client endpoints per actor: ``None`` (default) or ``"auto"``: as many actors as the
+        cluster has CPUs (one actor per client when the clients are no more than the CPUs;
+        with ``client_resources``, one per client); a positive integer k: at most k.
+    address:
+        Ray address to join (``"auto"``, ``"ray://host:10001"``, ``"127.0.0.1:6379"``);
+        ``None``: the running instance, else a new local one on loopback.
+    visit_timeout, on_client_failure, audit_messages, fault_injection:
+        As for every message-passing engine (:class:`~fedmcmc.engines.engine.ProtocolEngine`).
+    client_resources:
+        One dict of Ray custom resources per client (pins clients to nodes).
+    client_num_cpus:
+        CPUs reserved per client (default 0).
+    reuse_actors:
+        Keep the actors idle for the next run on an instance that outlives this one
+        (default True).
+    direct_channel:
+        The driver's messages through an authenticated socket per actor (default ``None``:
+        on; ``False``: Ray actor calls only).
+    channel_ports:
+        ``(first, last)``: the ports the actors' channels listen on.
+    init_options:
+        Extra keyword arguments of ``ray.init`` for a local instance the run starts.
+    allow_unauthenticated_cluster:
+        Run on a cluster without token authentication (default False: refused).
+
+    Every bad value raises ``ValueError`` naming its argument.
+    """
+
+    label = "ray"
+    loads_on_clients = True
+
+    def __init__(self, clients_per_actor=None, address: Optional[str] = None, *,
+                 visit_timeout: Optional[float] = None, on_client_failure: str = "stop",
+                 audit_messages: bool = False, fault_injection: Optional[dict] = None,
+                 client_resources: Optional[Sequence[dict]] = None,
+                 client_num_cpus: Optional[float] = None, reuse_actors: bool = True,
+                 direct_channel: Optional[bool] = None,
+                 channel_ports: Optional[tuple] = None,
+                 init_options: Optional[Dict[str, Any]] = None,
+                 allow_unauthenticated_cluster: bool = False):
+        super().__init__(visit_timeout=visit_timeout, on_client_failure=on_client_failure,
+                         audit_messages=audit_messages, fault_injection=fault_injection)
+        if clients_per_actor is not None and not (
+                isinstance(clients_per_actor, str) and clients_per_actor == "auto"):
+            try:
+                clients_per_actor = check_positive_int(clients_per_actor, "clients_per_actor")
+            except ValueError:
+                raise ValueError("clients_per_actor must be a positive integer or 'auto', "
+                                 f"got {clients_per_actor!r}") from None
+        self.clients_per_actor = clients_per_actor
+        if address is not None and not isinstance(address, str):
+            raise ValueError(f"address must be a Ray address string, got {address!r}")
+        self.address = address
+        if client_resources is not None:
+            if isinstance(client_resources, dict) or not all(
+                    isinstance(r, dict) for r in client_resources):
+                raise ValueError("client_resources must be a list of one dict of Ray "
+                                 f"resources per client, got {client_resources!r}")
+            client_resources = [dict(r) for r in client_resources]
+        self.client_resources = client_resources
+        if client_num_cpus is not None:
+            try:
+                number = float(client_num_cpus)
+            except (TypeError, ValueError):
+                number = -1.0
+            if not number >= 0:
+                raise ValueError("client_num_cpus must be a non-negative number, got "
+                                 f"{client_num_cpus!r}")
+        self.client_num_cpus = client_num_cpus
+        self.reuse_actors = _check_switch(reuse_actors, "reuse_actors")
+        self.direct_channel = (None if direct_channel is None
+                               else _check_switch(direct_channel, "direct_channel"))
+        self.channel_ports = (None if channel_ports is None
+                              else check_channel_ports(channel_ports))
+        if init_options is not None and not isinstance(init_options, dict):
+            raise ValueError(f"init_options must be a dict of ray.init arguments, got "
+                             f"{init_options!r}")
+        self.init_options = init_options
+        self.allow_unauthenticated_cluster = check_allow_unauthenticated(
+            allow_unauthenticated_cluster)
+
+    @classmethod
+    def from_options(cls, options: Dict[str, Any]) -> "RayEngine":
+        """The engine of ``fm.sample(..., engine="ray", **options)``: ``options`` holds the
+        keyword options of this module's docstring (``ray_address``, ``visit_timeout``,
+        ...)."""
+        return cls(**{RENAMED_OPTIONS.get(k, k): v for k, v in options.items()})
+
+    def engine_options(self) -> Dict[str, Any]:
+        out = super().engine_options()
+        for name, value in (("clients_per_actor", self.clients_per_actor),
+                            ("ray_address", self.address),
+                            ("client_resources", self.client_resources),
+                            ("client_num_cpus", self.client_num_cpus),
+                            ("direct_channel", self.direct_channel),
+                            ("channel_ports", self.channel_ports),
+                            ("ray_init_options", self.init_options)):
+            if value is not None:
+                out[name] = value
+        out["reuse_actors"] = self.reuse_actors
+        if self.allow_unauthenticated_cluster:
+            out["allow_unauthenticated_cluster"] = True
+        return out
+
+    @contextlib.contextmanager
+    def transports(self):
+        with ray_transports(self.engine_options()) as make_transport:
+            yield make_transport
+
+    def session_info(self) -> Dict[str, Any]:
+        return session_authentication()  # ray_authentication, ray_instance

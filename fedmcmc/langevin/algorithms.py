@@ -41,7 +41,7 @@ from .estimators import estimator_moments, unscaled_noise
 from .handoff import ClientSetup, DSGLDProtocol, FSGLDProtocol, setup_key
 from .step_size import StepSizeWarning
 from ..schedules import as_schedule, describe_step_size
-from ..engines.handoff import sample_on_ray
+from ..engines.handoff import sample_handoff
 
 __all__ = ["SGLD", "DSGLD", "FSGLD", "StepSizeWarning"]
 
@@ -290,11 +290,11 @@ class SGLD(_LangevinAlgorithm):
     #: ``fm.sample`` passes ``run_request``: thin / burn_in "auto", the budget of "auto" h
     supports_run_request = True
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
         request = _run_request(options, num_samples, burn_in, thin, chains)
         if self.privacy is not None:
-            private.check_settings(self, engine, request)
+            private.check_settings(self, "local", request)
         run_options = split_run_options(options, "SGLD")
         flat_model = model.flatten(init)
         data = federation.concatenated()
@@ -418,8 +418,9 @@ class DSGLD(_LangevinAlgorithm):
     """
 
     name = "DSGLD"
-    #: "ray": client endpoints in Ray actors (``fedmcmc.engines.ray_engine``)
-    engines = ("local", "ray")
+    #: the hand-off protocol (:meth:`handoff_protocol`) on a message-passing engine (Ray:
+    #: client endpoints in actors, ``fedmcmc.engines.ray_engine``)
+    message_passing = True
     #: ``fm.sample`` passes ``run_request``: thin / burn_in "auto", the budget of "auto" h
     supports_run_request = True
 
@@ -563,42 +564,54 @@ class DSGLD(_LangevinAlgorithm):
                 theta0, center, precision))
         return step_size, variates[kind], client_weights
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
+    def check_run_lengths(self, burn_in, thin) -> None:
+        """Refuse run lengths the algorithm cannot use (``ValueError``); default: none."""
+
+    def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
+                           thin, chains, seed, progress, **options):
+        """The hand-off protocol (:meth:`handoff_protocol`, ``fedmcmc.langevin.handoff``) on
+        ``engine``'s client endpoints (:func:`fedmcmc.engines.handoff.sample_handoff`)."""
+        self.check_run_lengths(burn_in, thin)
         request = _run_request(options, num_samples, burn_in, thin, chains)
         if self.privacy is not None:
-            private.check_settings(self, engine, request)
+            private.check_settings(self, engine.label, request)
+        info = {"step_size": describe_step_size(self.step_size),
+                "batch_size": self.batch_size}
+        if not self._needs_driver_setup() and not request.any_auto:
+            protocol = self.handoff_protocol(run_request=request)
+        elif federation.is_deferred:
+            # data that stay on the clients: the protocol's set-up asks each client for
+            # its statistics (a few floats each) and chooses with the in-process set-up's
+            # functions, so the h, anchor, f_s and run lengths are the in-process ones
+            self._check_auto_surrogate()
+            protocol = self.handoff_protocol(run_request=request)
+        else:
+            # "auto" (and the control variates) resolved by the driver from the federation
+            # it holds, by the in-process engine's computation (each client's statistics
+            # of its own estimator): the same h, surrogates and anchor, hence the same draws
+            flat_model = model.flatten(init)
+            theta0 = flat_model.ravel(init)
+            settings = self._resolve(
+                flat_model, federation, federation.concatenated(),
+                jnp.asarray(federation.weights, dtype=jnp.float32),
+                setup_key(seed), theta0, info, request)
+            thin, burn_in = self._run_length(request, settings, theta0, info)
+            info["step_size"] = describe_step_size(settings.step_size)
+            info["setup_by"] = "driver"
+            protocol = self.handoff_protocol(settings)
+        return sample_handoff(
+            protocol, model, federation, engine, init=init, num_samples=num_samples,
+            burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
+            info=info, **options,
+        )
+
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, **options):
+        self.check_run_lengths(burn_in, thin)
+        request = _run_request(options, num_samples, burn_in, thin, chains)
+        if self.privacy is not None:
+            private.check_settings(self, "local", request)
             self._check_private()
-        if engine == "ray":
-            info = {"step_size": describe_step_size(self.step_size),
-                    "batch_size": self.batch_size}
-            if not self._needs_driver_setup() and not request.any_auto:
-                protocol = self.handoff_protocol(run_request=request)
-            elif federation.is_deferred:
-                # data that stay on the clients: the protocol's set-up asks each client for
-                # its statistics (a few floats each) and chooses with the in-process set-up's
-                # functions, so the h, anchor, f_s and run lengths are the in-process ones
-                self._check_auto_surrogate()
-                protocol = self.handoff_protocol(run_request=request)
-            else:
-                # "auto" (and the control variates) resolved by the driver from the federation
-                # it holds, by the in-process engine's computation (each client's statistics
-                # of its own estimator): the same h, surrogates and anchor, hence the same draws
-                flat_model = model.flatten(init)
-                theta0 = flat_model.ravel(init)
-                settings = self._resolve(
-                    flat_model, federation, federation.concatenated(),
-                    jnp.asarray(federation.weights, dtype=jnp.float32),
-                    setup_key(seed), theta0, info, request)
-                thin, burn_in = self._run_length(request, settings, theta0, info)
-                info["step_size"] = describe_step_size(settings.step_size)
-                info["setup_by"] = "driver"
-                protocol = self.handoff_protocol(settings)
-            return sample_on_ray(
-                protocol, model, federation, init=init, num_samples=num_samples,
-                burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
-                info=info, **options,
-            )
         run_options = split_run_options(options, self.name)
         flat_model = model.flatten(init)
         data = federation.concatenated()
@@ -822,14 +835,9 @@ class FSGLD(DSGLD):
                 "surrogate='sgld' with step_size='auto' needs surrogate_step_size (the local "
                 "SGLD chains' h): the automatic h is chosen from the surrogates themselves")
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, **options):
+    def check_run_lengths(self, burn_in, thin) -> None:
         if not (run_length.is_auto(burn_in) or run_length.is_auto(thin)):
             fsgld.check_alpha_warmup(self.alpha_warmup, burn_in, thin)
-        return super().sample(
-            model, federation, init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
-            chains=chains, seed=seed, engine=engine, progress=progress, **options,
-        )
 
     def _run_length(self, request, settings, theta0, info) -> tuple:
         thin, burn_in = super()._run_length(request, settings, theta0, info)

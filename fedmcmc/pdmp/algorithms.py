@@ -76,10 +76,7 @@ from .output import ess_from_batch_sums
 from .setup import LocalWorkers
 from .single import make_reference
 from .zigzag import ZigZagSpec
-from ..engines.options import check_engine_options
-from ..engines.comm import ClientFailureError
-from ..engines.ray_engine import ray_transports
-from ..engines.ray_security import record_ray_authentication
+from ..engines.session import client_failure_error
 
 __all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError", "BuiltSampler"]
 
@@ -220,8 +217,8 @@ class BuiltSampler(NamedTuple):
 
 class _FedPDMP(Algorithm):
     spec: Any = None
-    #: "ray": one Ray actor per worker, broadcast-and-gather per event (pdmp/distributed.py)
-    engines = ("local", "ray")
+    #: the broadcast-and-gather run (:meth:`sample_distributed`; on Ray one actor per worker)
+    message_passing = True
     divergence_threshold = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
     #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)
@@ -332,9 +329,36 @@ class _FedPDMP(Algorithm):
         returns the posterior mode and Hessian there (federated Newton)."""
         return None
 
-    def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
-               engine, progress, skeleton=False, init_jitter=0.0, rate_diagnostics=True,
-               **options):
+    def _check_run(self, thin, burn_in, run_request) -> None:
+        """``thin`` and ``burn_in`` (``ValueError``), checked before either run."""
+        if run_length.is_auto(thin):
+            raise ValueError(
+                f"thin='auto' does not apply to {self.name}: it takes a draw every "
+                "sample_interval units of process time; pass sample_interval='auto' to the "
+                f"algorithm ({self.name}(sample_interval='auto')) and thin=1")
+        if thin != 1:
+            # the contract: PDMPs take a draw every sample_interval, whatever thin says; a
+            # thin given is not applied, and the user is told (never silently ignored)
+            warnings.warn(
+                f"thin={thin!r} does not apply to {self.name}: it takes a draw every "
+                f"sample_interval={self.sample_interval!r} units of process time, so thin is "
+                "not applied; set the algorithm's sample_interval (a number, or 'auto') "
+                "instead", UserWarning, stacklevel=user_stacklevel())
+        if run_length.is_auto(burn_in) and run_request is None:
+            raise ValueError("burn_in='auto' needs fm.sample's run request (num_samples, chains, "
+                             "max_iterations); call fm.sample, or give burn_in as an integer")
+
+    @staticmethod
+    def _check_outputs(skeleton, init_jitter) -> tuple:
+        """The skeleton's buffer size (``skeleton``) and ``init_jitter``, checked."""
+        if skeleton is True:
+            skeleton = 10_000
+        skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
+        return skeleton_size, check_nonnegative_float(init_jitter, "init_jitter")
+
+    def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
+                     seed, progress, skeleton=False, init_jitter=0.0, rate_diagnostics=True,
+                     **options):
         """Run the sampler (see :func:`fedmcmc.sample`).
 
         Options: ``skeleton`` (False, True = 10,000 points per chain, or an int buffer size):
@@ -347,53 +371,40 @@ class _FedPDMP(Algorithm):
         ``sample_interval="auto"``). The generic run options of
         :mod:`fedmcmc.checkpoint` (``chunk_size``, ``start_draw``, ``resume_state``,
         ``on_chunk``, ``on_draws``) are accepted; ``on_draws`` receives the positions only,
-        in the dtype of ``init`` (the draws of ``result.samples``). With ``engine="ray"``
-        only ``chunk_size`` and ``on_draws`` are used: the run cannot be resumed, so
-        ``on_chunk`` is not called and ``start_draw``/``resume_state`` are refused.
+        in the dtype of ``init`` (the draws of ``result.samples``). On a message-passing
+        engine (:meth:`sample_distributed`) only ``chunk_size`` and ``on_draws`` are used:
+        the run cannot be resumed, so ``on_chunk`` is not called and
+        ``start_draw``/``resume_state`` are refused.
         """
         run_request = options.pop("run_request", None)  # before the run-option checks
-        if run_length.is_auto(thin):
-            raise ValueError(
-                f"thin='auto' does not apply to {self.name}: it takes a draw every "
-                "sample_interval units of process time; pass sample_interval='auto' to the "
-                f"algorithm ({self.name}(sample_interval='auto')) and thin=1")
-        if not run_length.is_auto(thin) and thin != 1:
-            # the contract: PDMPs take a draw every sample_interval, whatever thin says; a
-            # thin given is not applied, and the user is told (never silently ignored)
-            warnings.warn(
-                f"thin={thin!r} does not apply to {self.name}: it takes a draw every "
-                f"sample_interval={self.sample_interval!r} units of process time, so thin is "
-                "not applied; set the algorithm's sample_interval (a number, or 'auto') "
-                "instead", UserWarning, stacklevel=3)
-        if run_length.is_auto(burn_in) and run_request is None:
-            raise ValueError("burn_in='auto' needs fm.sample's run request (num_samples, chains, "
-                             "max_iterations); call fm.sample, or give burn_in as an integer")
-        if engine == "ray":
-            # with the run options the broadcast run honours: draws per call (its chains wait
-            # for each other only at a chunk's end) and the draws callback; on_chunk is not
-            # called (a Ray run is not resumed from a checkpoint)
-            engine_options = check_engine_options(options, self.name)
-        else:
-            run_options = split_run_options(options, self.name)
-        if skeleton is True:
-            skeleton = 10_000
-        skeleton_size = 0 if skeleton is False else check_positive_int(skeleton, "skeleton")
-        init_jitter = check_nonnegative_float(init_jitter, "init_jitter")
-        if engine == "ray":
-            with ray_transports(engine_options) as make_transport:
-                with jax.enable_x64(True):
-                    return record_ray_authentication(self._sample_distributed(
-                        model, federation, init, num_samples, burn_in, chains, seed, progress,
-                        skeleton_size, init_jitter, bool(rate_diagnostics), make_transport,
-                        "ray", engine_options, run_request))
+        self._check_run(thin, burn_in, run_request)
+        run_options = split_run_options(options, self.name)
+        skeleton_size, init_jitter = self._check_outputs(skeleton, init_jitter)
         with jax.enable_x64(True):
             return self._sample(model, federation, init, num_samples, burn_in, chains, seed,
                                 progress, skeleton_size, init_jitter, bool(rate_diagnostics),
                                 run_options, run_request)
 
-    def _sample_distributed(self, model, federation, init, num_samples, burn_in, chains, seed,
-                            progress, skeleton_size, init_jitter, rate_diagnostics,
-                            make_transport, engine_label, engine_options, run_request=None):
+    def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
+                           thin, chains, seed, progress, skeleton=False, init_jitter=0.0,
+                           rate_diagnostics=True, **options):
+        """One endpoint per worker on ``engine``'s transport (``pdmp/distributed.py``), with
+        the options of :meth:`sample_local`."""
+        run_request = options.pop("run_request", None)  # before the run-option checks
+        self._check_run(thin, burn_in, run_request)
+        # with the run options the broadcast run honours: draws per call (its chains wait
+        # for each other only at a chunk's end) and the draws callback; on_chunk is not
+        # called (such a run is not resumed from a checkpoint)
+        engine_options = engine.session_options(options, self.name)
+        skeleton_size, init_jitter = self._check_outputs(skeleton, init_jitter)
+        with jax.enable_x64(True):
+            return self._sample_distributed(
+                model, federation, engine, engine_options, init, num_samples, burn_in, chains,
+                seed, progress, skeleton_size, init_jitter, bool(rate_diagnostics), run_request)
+
+    def _sample_distributed(self, model, federation, engine, engine_options, init, num_samples,
+                            burn_in, chains, seed, progress, skeleton_size, init_jitter,
+                            rate_diagnostics, run_request=None):
         """One endpoint per worker (``pdmp/distributed.py``): the workers simulate their own
         event times on their own data; the server gathers and applies the earliest."""
         d = model.flatten(init).dim
@@ -403,10 +414,10 @@ class _FedPDMP(Algorithm):
             options["on_draws"] = _positions_only(options["on_draws"], d,
                                                   model.flatten(init).dtype)
         distributed = sample_pdmp(
-            self, model, federation, init=init, num_samples=num_samples, burn_in=burn_in,
-            chains=chains, seed=seed, progress=progress, skeleton_size=skeleton_size,
-            init_jitter=init_jitter, rate_diagnostics=rate_diagnostics,
-            make_transport=make_transport, engine_label=engine_label, options=options,
+            self, model, federation, engine, options, init=init, num_samples=num_samples,
+            burn_in=burn_in, chains=chains, seed=seed, progress=progress,
+            skeleton_size=skeleton_size, init_jitter=init_jitter,
+            rate_diagnostics=rate_diagnostics,
             run_sums=lambda resolved_burn_in: _run_sums(resolved_burn_in, num_samples, d,
                                                         chains)[:2],
             run_request=run_request)
@@ -414,21 +425,19 @@ class _FedPDMP(Algorithm):
         cfg, out_model = distributed.built.config, distributed.built.output_model
         burn_in = cfg.burn_in  # resolved ("auto")
         info, on_violation = distributed.built.info, distributed.built.on_violation
-        if failure is None:
-            result = self._result(run, cfg, out_model, federation, info, num_samples, burn_in,
-                                  chains, on_violation, skeleton_size, b)
-            result.info.update(messages)
-            return result
         try:
             result = self._result(run, cfg, out_model, federation, info, num_samples, burn_in,
                                   chains, on_violation, skeleton_size, b)
         except (SamplingDivergedError, PDMPBoundError) as error:
-            result = error.result
-        result.info.update(messages)
-        raise ClientFailureError(
-            f"{self.name} (engine={engine_label!r}): worker {failure.client} failed "
-            f"({failure.reason}); the run stopped after {run.draws_done} draw(s), which are in "
-            "error.result", result, failure.client, failure.reason)
+            error.result.info.update(messages)
+            if failure is None:
+                raise
+            result = error.result  # the worker's failure is what stopped the run
+        else:
+            result.info.update(messages)
+        if failure is not None:
+            raise client_failure_error(self.name, engine.label, run, result, role="worker")
+        return result
 
     def _sample(self, model, federation, init, num_samples, burn_in, chains, seed, progress,
                 skeleton_size, init_jitter, rate_diagnostics, run_options, run_request=None):

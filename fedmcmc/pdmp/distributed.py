@@ -1,11 +1,14 @@
 """Fed-PDMC with one endpoint per worker: its client-side functions and its server.
 
-The engine (``fedmcmc.engines.broadcast``) provides the pattern's pieces, none of
-which knows Fed-PDMC: a generic client endpoint that holds a worker's data and runs
-the functions below on it, the broadcast-and-gather round with its failure policy,
-and the driver. This module is what Fed-PDMC adds to them:
+The engine provides the pattern's pieces, none of which knows Fed-PDMC: a generic client
+endpoint that holds a worker's data and runs the functions below on it
+(``fedmcmc.engines.broadcast``), the protocol session (``fedmcmc.engines.session``) and
+the driver. This module and ``pdmp/broadcast.py`` (the server's broadcast-and-gather
+rounds with their failure policy, :class:`~fedmcmc.pdmp.broadcast.BroadcastDraw`) are
+what Fed-PDMC adds to them:
 
-* **client side** (:class:`WorkerFunctions`, run in the worker's process on its own
+* **client side** (:class:`WorkerFunctions`, a :class:`~fedmcmc.protocols.BroadcastProtocol`
+  run in the worker's process on its own
   rows): the Newton terms of its potential at a point (gradient and Hessian, for the
   Boomerang's Laplace reference and the control variates), its rate bounds,
   coordinates and control-variate gradient (``setup.worker_summaries``), and at every
@@ -21,7 +24,6 @@ compare them on the in-process transport and on Ray).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Dict, List, NamedTuple
 
 import jax
@@ -30,13 +32,12 @@ import numpy as np
 
 from ..cache import jit_with_constants_as_arguments
 from ..federation import Federation
-from ..protocols import ClientContext
-from ..engines.broadcast import BroadcastClient, BroadcastDraw
-from ..engines.driver import drive
-from ..engines.options import protocol_run_options
-from ..engines.comm import (ClientFailure, call_all, describe_federation,
-                            gather_before_sampling, with_fault_injection)
+from ..protocols import BroadcastProtocol, ClientContext
+from ..engines.broadcast import BroadcastClient
+from ..engines.comm import ClientFailure
+from ..engines.session import protocol_session
 from . import federated
+from .broadcast import BroadcastDraw
 from .setup import newton, potential_programs, worker_summaries
 
 __all__ = ["WorkerFunctions", "RemoteWorkers", "DistributedRun", "sample_pdmp"]
@@ -76,7 +77,7 @@ class _WorkerState:
         self.gradient = None
 
 
-class WorkerFunctions:
+class WorkerFunctions(BroadcastProtocol):
     """Fed-PDMC's client-side functions (``client_<name>(context, *args)``), run by the
     engine's generic endpoint in the worker's process. Stateless itself (it is pickled to
     every worker); a worker's state lives in its ``context.store``."""
@@ -222,18 +223,19 @@ class RemoteWorkers:
         return None, l, lw, coords, g_ref
 
 
-def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, chains, seed,
-                progress, skeleton_size, init_jitter, rate_diagnostics, make_transport,
-                engine_label: str, options: Dict[str, Any], run_sums=None, run_request=None):
-    """Fed Zig-Zag / BPS / Boomerang with one endpoint per worker (called by
-    ``_FedPDMP.sample`` under ``jax.enable_x64``). ``make_transport(specs)`` builds the
-    transport from one ``(BroadcastClient, args)`` per worker. ``run_sums(burn_in) ->
-    (accumulate, initial_sums)``: the family's per-chain run sums carried next to the state
-    (see ``pdmp/algorithms.py``), made once the set-up has resolved ``burn_in``.
-    ``run_request``: fm.sample's :class:`~fedmcmc.run_length.RunRequest` (``"auto"`` run
-    lengths, resolved by ``build`` from the workers' Newton terms, as in process)."""
+def sample_pdmp(algorithm, model, federation, engine, options: Dict[str, Any], *, init,
+                num_samples, burn_in, chains, seed, progress, skeleton_size, init_jitter,
+                rate_diagnostics, run_sums=None, run_request=None):
+    """Fed Zig-Zag / BPS / Boomerang with one endpoint per worker (one
+    ``(BroadcastClient, args)`` per worker) in a :func:`~fedmcmc.engines.session.
+    protocol_session` of the message-passing ``engine`` (called by
+    ``_FedPDMP.sample_distributed`` under ``jax.enable_x64``); ``options``: the run's checked
+    engine options. ``run_sums(burn_in) -> (accumulate, initial_sums)``: the family's
+    per-chain run sums carried next to the state (see ``pdmp/algorithms.py``), made once the
+    set-up has resolved ``burn_in``. ``run_request``: fm.sample's
+    :class:`~fedmcmc.run_length.RunRequest` (``"auto"`` run lengths, resolved by ``build``
+    from the workers' Newton terms, as in process)."""
     policy = options["on_client_failure"]
-    timeout = options.get("visit_timeout")
     if policy == "drop" and (algorithm.control_variates is not False
                              or algorithm.redistribution_rate > 0):
         raise ValueError(
@@ -246,21 +248,12 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
     specs = [(BroadcastClient, (m, sources[m], model, init, functions, M, seed))
              for m in range(M)]
     # fault_injection (tests only): the transport makes one worker crash or hang at a proposal
-    phase_started = time.perf_counter()
-    transport = with_fault_injection(make_transport(specs), options.get("fault_injection"),
-                                     "respond")
-    try:
+    with protocol_session(engine, specs, federation, model, init, name=algorithm.name,
+                          options=options, fault_point="respond") as session:
         # from_loaders: the workers loaded their rows themselves and report their sizes
-        federation = describe_federation(transport, federation, model, init)
-        phases = {"clients_started": time.perf_counter() - phase_started}
-        transport.audit = bool(options.get("audit_messages", False))
-        setup_started = time.perf_counter()
+        federation = session.federation
         flat_model = model.flatten(_float64(init))
-
-        def ask(name, *args):
-            return call_all(transport, "setup", name, *args, timeout=timeout)
-
-        access = RemoteWorkers(ask, federation.sizes, flat_model)
+        access = RemoteWorkers(session.ask, federation.sizes, flat_model)
         built = algorithm.build(model, federation, init, burn_in=burn_in, chains=chains,
                                 seed=seed, skeleton_size=skeleton_size, init_jitter=init_jitter,
                                 rate_diagnostics=rate_diagnostics, workers_access=access,
@@ -269,21 +262,15 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
         cfg, fed_states, k_run, info = (built.config, built.initial_states, built.key,
                                         built.info)
         protocol, prior_part, workers = built.protocol, built.prior_part, built.workers
-        phases["prepare"] = time.perf_counter() - setup_started
-        configure_started = time.perf_counter()
-        gather_before_sampling(transport, [
-            transport.call(m, "configure", cfg, prior_part, float(workers.rho[m]),
-                           float(workers.cv_weight[m])) for m in range(M)], None)
-        phases["configure"] = time.perf_counter() - configure_started
-        locations = call_all(transport, "location")
-        info.update(
-            engine=engine_label, on_client_failure=policy, visit_timeout=timeout,
-            client_locations=locations,
-            setup_time=time.perf_counter() - setup_started, setup_phases=phases,
-            newton_rounds_messages=access.newton_rounds)
-        draw = BroadcastDraw(transport, cfg.num_workers, cfg.max_iterations_per_draw,
-                             cfg.rate_diagnostics, protocol, timeout, policy, k_run, chains,
-                             algorithm.divergence_threshold)
+        session.phase("prepare")
+        session.configure(lambda m: (cfg, prior_part, float(workers.rho[m]),
+                                     float(workers.cv_weight[m])))
+        session.phase("configure")
+        session.ready()
+        info["newton_rounds_messages"] = access.newton_rounds
+        draw = BroadcastDraw(session.transport, cfg.num_workers, cfg.max_iterations_per_draw,
+                             cfg.rate_diagnostics, protocol, session.timeout, policy, k_run,
+                             chains, algorithm.divergence_threshold)
 
         burn_in = cfg.burn_in  # resolved ("auto")
         if run_sums is None:
@@ -294,15 +281,16 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
             states = (fed_states, initial_sums)
             advance = _with_run_sums(draw.advance, accumulate)
         dim = int(np.shape(fed_states.x)[-1])
-        run = drive(
+        run = session.drive(
             advance, states, chains=chains,
             draw_dim=2 * dim,  # a draw: the position and the mean over its interval
             burn_in=burn_in, num_samples=num_samples,
-            divergence_threshold=algorithm.divergence_threshold, progress=progress,
-            label=f"{algorithm.name} (ray)" if engine_label == "ray" else algorithm.name,
-            **protocol_run_options(options))
+            divergence_threshold=algorithm.divergence_threshold, progress=progress)
         failure = run.failure
-        messages = transport.info()
+        # the transport's real message and byte counts (they replace the analytic
+        # accounting of the in-process engine in ``info``), the session's figures and the
+        # failures
+        messages = session.figures()
         messages["event_rounds_broadcast"] = draw.event_rounds
         messages["gradient_rounds_broadcast"] = draw.gradient_rounds
         if draw.failures:
@@ -316,10 +304,6 @@ def sample_pdmp(algorithm, model, federation, *, init, num_samples, burn_in, cha
                     "dropped mid-run" + (
                         "; with prior='split' their prior shares are lost too" if
                         algorithm.prior == "split" else "") + ")")
-    finally:
-        transport.close()
-    # ``messages``: the transport's real message and byte counts (they replace the
-    # analytic accounting of the in-process engine in ``info``) and the failures.
     return DistributedRun(run=run, failure=failure, built=built, messages=messages)
 
 

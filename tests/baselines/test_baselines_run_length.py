@@ -18,8 +18,7 @@ import pytest
 import fedmcmc as fm
 from fedmcmc import run_length
 from fedmcmc.baselines import tuning
-from fedmcmc.engines.comm import InProcessTransport
-from fedmcmc.engines.options import check_engine_options
+from fedmcmc.engines.engine import InProcessEngine
 
 DIM = 2
 SIZES = (15, 25, 4, 40)  # very unequal, one client smaller than the batch
@@ -81,9 +80,8 @@ def test_given_run_lengths_and_step_size_are_kept_and_nothing_is_fitted(name):
     assert "relaxation_time" not in info and "laplace_lambda_min" not in info
     assert info["iterations"] == 45 * 3
     # the draws of a run that asks nothing of the library: fm.sample's request changes nothing
-    direct = algorithm.sample(MODEL, federation(), init=jnp.zeros(DIM), num_samples=40,
-                              burn_in=5, thin=3, chains=2, seed=3, engine="local",
-                              progress=False)
+    direct = algorithm.sample_local(MODEL, federation(), init=jnp.zeros(DIM), num_samples=40,
+                                    burn_in=5, thin=3, chains=2, seed=3, progress=False)
     np.testing.assert_array_equal(result.flat_samples(), direct.flat_samples())
 
 
@@ -158,10 +156,6 @@ def test_the_tolerance_is_the_langevin_familys():
     assert fm.FALD(step_size="auto", batch_size=1, local_steps=1).step_size_tolerance == 0.05
 
 
-def in_process(specs):
-    return InProcessTransport([cls(*args) for cls, args in specs])
-
-
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 @pytest.mark.parametrize("step", [H, "auto"], ids=["given-step", "auto-step"])
 def test_the_clients_own_fits_give_the_same_choices(name, step):
@@ -171,8 +165,8 @@ def test_the_clients_own_fits_give_the_same_choices(name, step):
     local = run(algorithm)
     request = run_length.RunRequest(num_samples=40, burn_in="auto", thin="auto", chains=2)
     distributed = algorithm.sample_distributed(
-        MODEL, federation(), in_process, "local", check_engine_options({}, algorithm.name),
-        init=jnp.zeros(DIM), num_samples=40, burn_in="auto", thin="auto", chains=2, seed=3,
+        MODEL, federation(), InProcessEngine(), init=jnp.zeros(DIM), num_samples=40,
+        burn_in="auto", thin="auto", chains=2, seed=3,
         progress=False, run_request=request)
     for key in ("thin", "burn_in", "step_size", "rounds"):
         assert distributed.info[key] == pytest.approx(local.info[key], rel=1e-5), key

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
-from fedmcmc.engines.comm import ClientFailureError, InProcessTransport
-from fedmcmc.engines.options import check_engine_options
+from fedmcmc.engines.comm import ClientFailureError
+from fedmcmc.engines.engine import InProcessEngine
 
 from chunks import DrawsReceived
 
@@ -35,16 +35,15 @@ def client_rows():
     return [rng.normal(m, 1.0, size=(n, DIM)).astype(np.float32) for m, n in zip(means, SIZES)]
 
 
-def in_process(specs):
-    return InProcessTransport([cls(*args) for cls, args in specs])
+ENGINE_OPTIONS = ("visit_timeout", "on_client_failure", "audit_messages", "fault_injection")
 
 
 def over_transport(algorithm, federation=None, run=RUN, **options):
     """The algorithm's distributed run with in-process endpoints (what engine='ray' runs with
-    Ray actors)."""
+    Ray actors); ``options``: the engine's and the run's."""
     federation = federation if federation is not None else fm.Federation(client_rows())
-    return algorithm.sample_distributed(MODEL, federation, in_process, "local",
-                                        check_engine_options(options, algorithm.name), **run)
+    engine = InProcessEngine(**{k: options.pop(k) for k in ENGINE_OPTIONS if k in options})
+    return algorithm.sample_distributed(MODEL, federation, engine, **run, **options)
 
 
 CASES = {

@@ -399,13 +399,8 @@ def _cache_entries_of_three_runs(tmp_path, run):
 def _over_transport(engine: str):
     """A run of each protocol engine with its clients as in-process endpoints (their programs
     are the ones a Ray actor compiles): ``run(federation, seed)``."""
-    from fedmcmc.decentralised.distributed import run_neighbour
-    from fedmcmc.engines.comm import InProcessTransport
+    from fedmcmc.engines.engine import InProcessEngine
     from fedmcmc.engines.handoff import sample_protocol
-    from fedmcmc.engines.options import check_engine_options
-
-    def transport(specs):
-        return InProcessTransport([cls(*args) for cls, args in specs])
 
     common = dict(init=INIT, num_samples=20, burn_in=2, thin=2, chains=2)
 
@@ -416,21 +411,15 @@ def _over_transport(engine: str):
                                    **common)
         if engine == "broadcast":
             algorithm = fm.FedZigZag(sample_interval=0.3)
-            with jax.enable_x64(True):
-                return algorithm._sample_distributed(
-                    MODEL, federation, INIT, 20, 2, 2, seed, False, 0, 0.0, True, transport,
-                    "local", check_engine_options({}, algorithm.name))
+            return algorithm.sample_distributed(MODEL, federation, InProcessEngine(),
+                                                seed=seed, progress=False, **common)
         if engine == "neighbour":
             algorithm = fm.DULA(step_size=1e-3, beta=0.3)
-            settings = algorithm.settings(MODEL, federation, INIT,
-                                          algorithm.topology(federation.num_clients))
-            return run_neighbour(algorithm._resolved(settings), MODEL, federation, transport,
-                                 "local", check_engine_options({}, algorithm.name), seed=seed,
-                                 **common).result
+            return algorithm.sample_distributed(MODEL, federation, InProcessEngine(),
+                                                seed=seed, progress=False, **common)
         algorithm = fm.FALD(step_size=1e-3, batch_size=10, local_steps=2)
-        return algorithm.sample_distributed(MODEL, federation, transport, "local",
-                                            check_engine_options({}, algorithm.name),
-                                            seed=seed, progress=False, **common)
+        return algorithm.sample_distributed(MODEL, federation, InProcessEngine(), seed=seed,
+                                            progress=False, **common)
 
     return run
 

@@ -119,10 +119,10 @@ def test_given_run_length_is_kept(few_agents):
     assert info["relaxation_time"] > 7 * 30
     assert fm.ConvergenceWarning in categories
     assert any("thin='auto'" in m for m in messages)
-    # the same run through algorithm.sample (no run request): the same draws
-    direct = algorithm.sample(model, federation, init=jnp.zeros(7, jnp.float32),
-                              num_samples=30, burn_in=3, thin=7, chains=2, seed=0,
-                              engine="local", progress=False)
+    # the same run through algorithm.sample_local (no run request): the same draws
+    direct = algorithm.sample_local(model, federation, init=jnp.zeros(7, jnp.float32),
+                                    num_samples=30, burn_in=3, thin=7, chains=2, seed=0,
+                                    progress=False)
     np.testing.assert_array_equal(direct.flat_samples(), result.flat_samples())
 
 

@@ -4,14 +4,15 @@ the engine's generic client endpoint runs the family's client-side functions
 equal the in-process engine's, and its failure handling (a crashed worker: stop with the
 draws so far, or drop it) is tested without starting Ray."""
 
-import jax
+import contextlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fedmcmc as fm
 from fedmcmc.engines.comm import ClientFailureError, InProcessTransport
-from fedmcmc.engines.options import check_engine_options
+from fedmcmc.engines.engine import InProcessEngine
 from fedmcmc.results import SamplingDivergedError
 
 DIM = 2
@@ -32,17 +33,27 @@ def in_process_transport(specs):
     return InProcessTransport([cls(*args) for cls, args in specs])
 
 
+class TransportEngine(InProcessEngine):
+    """The in-process engine with a transport of the test's making."""
+
+    def __init__(self, make_transport, **options):
+        super().__init__(**options)
+        self.make_transport = make_transport
+
+    @contextlib.contextmanager
+    def transports(self):
+        yield self.make_transport
+
+
 def over_transport(algorithm, num_samples=40, chains=2, rate_diagnostics=True, chunk_size=None,
                    make_transport=in_process_transport, **options):
     """The algorithm's distributed run with in-process endpoints (what engine='ray' runs with
     Ray actors); ``chunk_size``: draws per call of the server's ``advance``."""
-    options = check_engine_options(options, algorithm.name)
-    if chunk_size is not None:
-        options["chunk_size"] = chunk_size
-    with jax.enable_x64(True):
-        return algorithm._sample_distributed(
-            MODEL, federation(), np.zeros(DIM, np.float32), num_samples, 5, chains, 3, False, 0,
-            0.0, rate_diagnostics, make_transport, "local", options)
+    run = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return algorithm.sample_distributed(
+        MODEL, federation(), TransportEngine(make_transport, **options),
+        init=np.zeros(DIM, np.float32), num_samples=num_samples, burn_in=5, thin=1,
+        chains=chains, seed=3, progress=False, rate_diagnostics=rate_diagnostics, **run)
 
 
 CASES = [

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
-from fedmcmc.engines.comm import ClientFailureError, InProcessTransport
-from fedmcmc.decentralised.distributed import run_neighbour
-from fedmcmc.engines.options import check_engine_options
+from fedmcmc.engines.comm import ClientFailureError
+from fedmcmc.engines.engine import InProcessEngine
 
 from chunks import DrawsReceived
 
@@ -29,12 +28,15 @@ def federation():
                           .astype(np.float32) for n in SIZES])
 
 
+ENGINE_OPTIONS = ("visit_timeout", "on_client_failure", "audit_messages", "fault_injection")
+
+
 def over_transport(algorithm, **options):
-    fed = federation()
-    settings = algorithm.settings(MODEL, fed, RUN["init"], algorithm.topology(fed.num_clients))
-    return run_neighbour(algorithm._resolved(settings), MODEL, fed,
-                         lambda specs: InProcessTransport([cls(*args) for cls, args in specs]),
-                         "local", check_engine_options(options, algorithm.name), **RUN).result
+    """The agents as in-process endpoints (what engine='ray' runs in actors); ``options``:
+    the engine's and the run's."""
+    engine = InProcessEngine(**{k: options.pop(k) for k in ENGINE_OPTIONS if k in options})
+    return algorithm.sample_distributed(MODEL, federation(), engine, progress=False, **RUN,
+                                        **options)
 
 
 @pytest.mark.parametrize("algorithm", [

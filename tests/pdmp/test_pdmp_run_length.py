@@ -20,8 +20,7 @@ import pytest
 
 import fedmcmc as fm
 from fedmcmc import run_length
-from fedmcmc.engines.comm import InProcessTransport
-from fedmcmc.engines.options import check_engine_options
+from fedmcmc.engines.engine import InProcessEngine
 from real_federations import REAL_FEDERATIONS, describe, run_against_reference
 from toy_problems import D, pdmp_gaussian_problem
 
@@ -147,10 +146,6 @@ def test_too_short_run_warns_and_names_sample_interval():
                   burn_in="auto", chains=2, seed=1, progress=False, rate_diagnostics=False)
 
 
-def _in_process_transport(specs):
-    return InProcessTransport([cls(*args) for cls, args in specs])
-
-
 def test_auto_over_the_broadcast_engine_gives_the_in_process_run():
     """What engine='ray' runs (the workers answer the set-up by messages: Newton terms at the
     Laplace centre), on the in-process transport: the same resolved run and draws."""
@@ -160,10 +155,9 @@ def test_auto_over_the_broadcast_engine_gives_the_in_process_run():
     local = fm.sample(model, fed, algorithm, init=INIT, num_samples=6, burn_in=1,
                       chains=2, seed=3, progress=False, convergence=False)
     request = run_length.RunRequest(num_samples=6, burn_in=1, thin=1, chains=2)
-    with jax.enable_x64(True):
-        distributed = algorithm._sample_distributed(
-            model, fed, INIT, 6, 1, 2, 3, False, 0, 0.0, True, _in_process_transport,
-            "local", check_engine_options({}, algorithm.name), request)
+    distributed = algorithm.sample_distributed(
+        model, fed, InProcessEngine(), init=INIT, num_samples=6, burn_in=1, thin=1, chains=2,
+        seed=3, progress=False, run_request=request)
     assert distributed.info["newton_rounds_messages"] > 0
     for key in ("sample_interval", "burn_in", "relaxation_time", "predicted_ess"):
         assert distributed.info[key] == pytest.approx(local.info[key], rel=1e-9), key
