@@ -1,0 +1,139 @@
+"""Superposition thinning (issue 48): one thinning of the sum of the workers' bounds, the
+proposing worker the one whose bound has the earliest point (probability Lambda_m / sum_s
+Lambda_s), one acceptance test by that worker. The law of the process must be that of
+per-worker thinning (Algorithm 3) and of exact inversion (F.1, quadratic potentials).
+
+* One server round, many times from one state: the event time (two-sample Kolmogorov-Smirnov)
+  and which worker and channel fired (chi-square) against exact inversion (Zig-Zag, BPS) or
+  per-worker thinning (Boomerang, which always thins). Independent rounds: exact p-values.
+* Whole runs on the exact Gaussian posterior, tolerances from the ESS (``stats.py``).
+
+Each check is also run on a deliberately broken variant -- the proposing worker drawn
+uniformly instead of in proportion to its bound (``federated.proposing_worker`` replaced) --
+which it must reject.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+import fedmcmc as fm
+from fedmcmc.pdmp import federated
+from stats import check_gaussian_moments, ess_of_variance, trajectory_check
+from toy_problems import D, pdmp_gaussian_problem
+
+ROUNDS = 3000
+P_VALUE = 1e-3  # same law: p above this; the broken variant: p below
+
+
+def uniform_proposer(key, next_time):
+    """Broken: the proposing worker uniform over the workers, whatever their bounds."""
+    worker = jax.random.randint(key, (), 0, next_time.shape[0]).astype(jnp.int32)
+    return worker, next_time[worker]
+
+
+SAMPLERS = {
+    # (algorithm with thinned rates, its reference: exact inversion or per-worker thinning)
+    "zigzag": (lambda **k: fm.FedZigZag(0.2, bound="hessian", **k),
+               lambda: fm.FedZigZag(0.2, bound="exact")),
+    "bps": (lambda **k: fm.FedBPS(0.2, refresh_rate=1.0, bound="hessian", **k),
+            lambda: fm.FedBPS(0.2, refresh_rate=1.0, bound="exact")),
+    "boomerang": (lambda **k: fm.FedBoomerang(0.5, refresh_rate=0.3, **k),
+                  lambda: fm.FedBoomerang(0.5, refresh_rate=0.3, thinning="per_worker")),
+}
+
+
+def _rounds(algorithm, seed, thinning=None):
+    """``ROUNDS`` independent server rounds from one state (x away from the mode, no server
+    clock before t = 20): the event time, the proposer that fired and the new velocity."""
+    model, fed, _, _ = pdmp_gaussian_problem(4)
+    with jax.enable_x64(True):
+        built = algorithm.build(model, fed, np.zeros(D, np.float32), with_protocol=True)
+        cfg = built.config
+        if thinning is not None:
+            cfg = dataclasses.replace(cfg, thinning=thinning)
+        init, event_step, _ = federated.build(cfg, built.workers, built.prior_part)
+        state = init(jax.random.key(0), jnp.zeros(D))
+        v0 = state.v if algorithm.name == "FedZigZag" else 0.8 * state.v
+        state = state._replace(x=jnp.array([2.0, -2.5, 1.0]), v=v0, next_refresh=jnp.inf)
+        keys = jax.random.split(jax.random.key(seed), ROUNDS)
+        after = jax.jit(jax.vmap(lambda k: event_step(k, state, 20.0, True)))(keys)
+        after = jax.tree_util.tree_map(np.asarray, after)
+    assert after.violations.sum() == 0
+    fired = np.where(after.events.sum(axis=1) > 0, after.events.argmax(axis=1), -1)
+    return after.t, fired, after.v, cfg
+
+
+def _same_law(reference, candidate):
+    """p-values: event times (KS) and proposer x velocity change (chi-square)."""
+    t_ref, fired_ref, v_ref, _ = reference
+    t, fired, v, _ = candidate
+    p_time = scipy_stats.ks_2samp(t_ref, t).pvalue
+    # the category of an event: which proposer fired and the sign pattern of its new velocity
+    # (Zig-Zag: the flipped coordinate; BPS and Boomerang: the reflection's direction)
+    def category(fired_, v_):
+        return [f"{f}:{''.join('+' if s > 0 else '-' for s in row)}"
+                for f, row in zip(fired_, v_)]
+
+    a, b = category(fired_ref, v_ref), category(fired, v)
+    labels = sorted(set(a) | set(b))
+    table = np.array([[a.count(c) for c in labels], [b.count(c) for c in labels]])
+    table = table[:, table.sum(axis=0) >= 10]  # chi-square needs expected counts
+    p_category = scipy_stats.chi2_contingency(table).pvalue
+    return min(p_time, p_category)
+
+
+# Zig-Zag in the default suite; BPS and the Boomerang (whose whole runs in
+# test_pdmp_gaussian.py and test_pdmp_real_data.py use superposition by default) are slow
+@pytest.mark.parametrize("name", ["zigzag", pytest.param("bps", marks=pytest.mark.slow),
+                                  pytest.param("boomerang", marks=pytest.mark.slow)])
+def test_one_round_has_the_law_of_exact_inversion_or_per_worker_thinning(name, monkeypatch):
+    make, make_reference = SAMPLERS[name]
+    reference = _rounds(make_reference(), seed=1)
+    good = _rounds(make(), seed=2, thinning="superposition")
+    assert good[3].thinning == "superposition" and not good[3].exact
+    assert _same_law(reference, good) > P_VALUE
+    monkeypatch.setattr(federated, "proposing_worker", uniform_proposer)
+    broken = _rounds(make(), seed=2, thinning="superposition")
+    assert _same_law(reference, broken) < P_VALUE
+
+
+def test_per_worker_thinning_is_kept_and_auto_picks_superposition_in_process():
+    model, fed, _, _ = pdmp_gaussian_problem(4)
+    with jax.enable_x64(True):
+        for thinning, expected in (("auto", "superposition"), ("per_worker", "per_worker"),
+                                   ("superposition", "superposition")):
+            built = fm.FedZigZag(0.2, bound="hessian", thinning=thinning).build(
+                model, fed, np.zeros(D, np.float32))
+            assert built.config.thinning == expected and built.info["thinning"] == expected
+        built = fm.FedZigZag(0.2).build(model, fed, np.zeros(D, np.float32))
+        assert built.info["thinning"] == "exact"  # quadratic: no thinning at all
+    with pytest.raises(ValueError, match="thinning"):
+        fm.FedBPS(0.2, thinning="sum")
+
+
+def _run(name, seed):
+    model, fed, mean, cov = pdmp_gaussian_problem(4)
+    algorithm = SAMPLERS[name][0](thinning="superposition")
+    result = fm.sample(model, fed, algorithm, init=np.zeros(D, np.float32), num_samples=1500,
+                       burn_in=100, chains=2, seed=seed, progress=False, rate_diagnostics=False)
+    ok, figures = trajectory_check(result.info, mean, cov, result.flat_samples())
+    draws = result.flat_samples()
+    ok = ok and check_gaussian_moments(draws, mean, cov, var_ess=ess_of_variance(draws))["ok"]
+    return ok, figures, result.info
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["zigzag", "bps", "boomerang"])
+def test_whole_runs_match_the_exact_gaussian_posterior(name, monkeypatch):
+    ok, figures, info = _run(name, seed=4)
+    assert ok, figures
+    assert info["thinning"] == "superposition" and info["bound_violations"] == 0
+    monkeypatch.setattr(federated, "proposing_worker", uniform_proposer)
+    ok, figures, _ = _run(name, seed=4)
+    assert not ok, figures
+
