@@ -15,6 +15,14 @@ on logistic regression (N = 10,000, d = 5) with 1, 4, 16, 64 workers: wall time
 per event of the compiled draw loop (in-process engine, a chain's workers side by side),
 with equal client sizes and one chain, then client sizes ~ 1/rank and 4 chains; and on
 Bayesian linear regression (exact event times) with sizes ~ 1/rank and 4 chains.
+
+``--real`` (issue 48): Fed Zig-Zag, Fed BPS and Fed Boomerang on the benchmark's real
+federations (``fedmcmc bench`` problems: exam-schools, 65 clients; contraception, 60;
+grouseticks) with per-worker thinning (Algorithm 3) against superposition thinning (one
+thinning of the summed bounds): events per second, thinning proposals per event, bulk ESS
+(minimum over parameters) per second. ``sample_interval="auto"``, short runs; each run is
+made twice and the second (compiled) one timed, ``info["wall_time"]``. On exam-schools (linear
+regression, a quadratic potential) Zig-Zag and BPS draw exact event times: no thinning.
 """
 
 from __future__ import annotations
@@ -130,12 +138,61 @@ def per_event_cost(workers, draws, unequal=False, chains=1, exact=False):
             per_event(final.rejections.sum()), per_event(final.thinning.sum()))
 
 
+def real_federation_rows(problem_names, num_samples, chains, samplers, variants, seed=0):
+    """Per sampler and variant ``(thinning, control_variates)`` on each real federation:
+    (events/s, thinning proposals per event, min bulk ESS, ESS/s, wall seconds, the thinning
+    used, ...)."""
+    from fedmcmc.bench import problems
+
+    classes = {"zigzag": fm.FedZigZag, "bps": fm.FedBPS, "boomerang": fm.FedBoomerang}
+    for name in problem_names:
+        instance = problems.get(name).build()
+        for sampler in samplers:
+            for thinning, control_variates in variants:
+                algorithm = classes[sampler](sample_interval="auto", thinning=thinning,
+                                             control_variates=control_variates)
+                for _ in range(2):  # the second run reuses the compiled program
+                    result = fm.sample(instance.model, instance.federation, algorithm,
+                                       init=instance.init, num_samples=num_samples,
+                                       burn_in=max(num_samples // 5, 1), chains=chains,
+                                       seed=seed, progress=False, rate_diagnostics=False)
+                info = result.info
+                seconds = info["wall_time"]
+                events = info["gradient_events"] + info["excess_events"]
+                ess = float(info["diagnostics"]["min_ess_bulk"])
+                label = thinning + ("+cv" if control_variates else "")
+                yield (name, sampler, label, info["thinning"], events / seconds,
+                       info["thinning_proposals"] / max(events, 1), ess, ess / seconds, seconds,
+                       info["num_workers"], info["sample_interval"])
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--federated-only", action="store_true",
                         help="only the Fed Zig-Zag per-event cost (pdmp-jax not needed)")
+    parser.add_argument("--real", action="store_true",
+                        help="only per-worker against superposition thinning on the benchmark's "
+                             "real federations (issue 48)")
+    parser.add_argument("--problems", nargs="+",
+                        default=["exam-schools", "contraception", "grouseticks"])
+    parser.add_argument("--samplers", nargs="+", default=["zigzag", "bps", "boomerang"])
+    parser.add_argument("--control-variates", action="store_true",
+                        help="with --real: also superposition thinning with control variates")
     args = parser.parse_args()
+    if args.real:
+        draws, chains = (100, 2) if args.quick else (400, 4)
+        print(f"Real federations, {chains} chains x {draws} draws (sample_interval='auto'), "
+              "compiled run timed; per-worker against superposition thinning", flush=True)
+        variants = [("per_worker", False), ("superposition", False)]
+        if args.control_variates:
+            variants.append(("superposition", True))
+        for row in real_federation_rows(args.problems, draws, chains, args.samplers, variants):
+            name, sampler, asked, used, ev_s, per_event, ess, ess_s, seconds, m, interval = row
+            print(f"{name:14s} M={m:3d} {sampler:9s} {asked:16s} (used {used:13s}) "
+                  f"{ev_s:9.0f} ev/s {per_event:7.2f} proposals/event  ESS {ess:7.1f} "
+                  f"{ess_s:8.2f} ESS/s  {seconds:6.1f} s  (interval {interval:.3g})", flush=True)
+        return
     events = 20_000 if args.quick else 200_000
     if not args.federated_only:
         print("Standard Gaussian, one worker, one chain: events/s and ESS/s "

@@ -82,6 +82,7 @@ __all__ = ["FedZigZag", "FedBPS", "FedBoomerang", "PDMPBoundError", "BuiltSample
 
 PRIOR_PLACEMENTS = ("server", "worker", "split")
 BOUNDS = ("auto", "exact", "hessian", "custom", "estimate")
+THINNINGS = ("auto", "per_worker", "superposition")
 
 
 class PDMPBoundError(RuntimeError):
@@ -242,6 +243,7 @@ class _FedPDMP(Algorithm):
         redistribution_rate: float = 0.0,
         max_thinning: int = 100_000,
         max_events_per_draw: int = 1_000_000,
+        thinning: str = "auto",
     ):
         if run_length.is_auto(sample_interval):
             self.sample_interval = run_length.AUTO
@@ -298,6 +300,9 @@ class _FedPDMP(Algorithm):
                 "it needs prior='split'")
         self.max_thinning = check_positive_int(max_thinning, "max_thinning")
         self.max_events_per_draw = check_positive_int(max_events_per_draw, "max_events_per_draw")
+        if thinning not in THINNINGS:
+            raise ValueError(f"thinning must be one of {THINNINGS}, got {thinning!r}")
+        self.thinning = thinning
 
     # ------------------------------------------------------------------ setup
     def _resolve_bound(self, model, is_zigzag):
@@ -727,6 +732,15 @@ class _FedPDMP(Algorithm):
                 reference=reference, ref_share=ref_share, g_ref=g_ref, g_ref0=g_ref0,
                 control_variates=cv is not False, coords=coords)
 
+        thinning = self.thinning
+        if thinning == "auto":  # the same law either way; superposition needs the data here
+            thinning = "superposition" if isinstance(workers_access, LocalWorkers) else "per_worker"
+        if thinning == "superposition" and not isinstance(workers_access, LocalWorkers):
+            raise ValueError("thinning='superposition' runs in-process only (engine='local'); "
+                             "a distributed engine thins on every worker: use thinning="
+                             "'per_worker' or 'auto'")
+        info["thinning"] = "exact" if mode == "exact" else thinning
+
         custom_slope, horizon = None, float("inf")
         if mode == "custom":
             custom_slope = _summed_slope_bound(attrs["zigzag_slope_bound"])
@@ -741,7 +755,7 @@ class _FedPDMP(Algorithm):
             reference=reference, max_thinning=self.max_thinning,
             max_iterations_per_draw=self.max_events_per_draw, skeleton_size=skeleton_size,
             sample_interval=float(sample_interval), burn_in=int(burn_in),
-            rate_diagnostics=rate_diagnostics, has_excess=self.rho > 0)
+            rate_diagnostics=rate_diagnostics, has_excess=self.rho > 0, thinning=thinning)
         init_fn, _, draw_step, protocol = federated.build(cfg, workers, prior_part,
                                                           with_protocol=True)
 
@@ -912,6 +926,13 @@ class FedZigZag(_FedPDMP):
         reference point: Remark 4.3's shift of the workers' gradients.
     redistribution_rate:
         lambda_redist of Appendix D (Algorithm 4); needs ``prior="split"``.
+    thinning:
+        How event times are found by Poisson thinning (Appendix A) when rates are not exact:
+        ``"per_worker"`` (Algorithm 3: every worker thins its own rate to its first event and
+        the server takes the earliest), ``"superposition"`` (one thinning of the sum of the
+        workers' bounds: the proposing worker is drawn in proportion to its bound and only
+        it evaluates its gradient; in-process only) or ``"auto"`` (default: superposition
+        in-process, per-worker on a distributed engine). The law of the process is the same.
     """
 
     name = "FedZigZag"

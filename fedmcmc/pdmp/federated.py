@@ -38,7 +38,8 @@ from .events import affine_first_time
 from ..rng import exponential64, fold_in, split_key, uniform64
 
 __all__ = ["Workers", "PriorPart", "FedConfig", "FedState", "FedProtocol", "WorkerProposal",
-           "ThinningCarry", "first_events", "build", "select_lanes"]
+           "ThinningCarry", "SuperpositionCarry", "first_events", "superposed_first_event",
+           "build", "select_lanes"]
 
 PyTree = Any
 EXCESS = 1
@@ -88,6 +89,10 @@ class FedConfig:
     reference: Any = None
     max_thinning: int = 100_000
     max_iterations_per_draw: int = 1_000_000
+    # "per_worker": every worker thins its own rate until its first event (Algorithm 3, what a
+    # distributed engine runs); "superposition": one thinning of the summed bounds
+    # (superposed_first_event), in-process only. Same law; exact rates (F.1) need neither.
+    thinning: str = "per_worker"
     skeleton_size: int = 0
     sample_interval: float = 1.0
     burn_in: int = 0
@@ -430,6 +435,174 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
                           out.proposals, out.rejections, out.violations, ~finished)
 
 
+class SuperpositionCarry(NamedTuple):
+    """The loop state of superposition thinning (:func:`superposed_first_event`): every data
+    worker's affine bounds (anchored at its own ``anchor_time``) and the next point of its
+    bounding Poisson process; the round's answer once ``done``."""
+
+    key: jax.Array
+    anchor_time: jax.Array  # (M,)
+    a: jax.Array  # (M, C)
+    b: jax.Array  # (M, C)
+    horizon_end: jax.Array  # (M,)
+    scale: jax.Array  # (M,)
+    next_time: jax.Array  # (M,) the next point of worker m's bounding process
+    next_channel: jax.Array  # (M,) int32, the channel of that point
+    next_excess: jax.Array  # (M,) bool, the point is from m's privacy clock rho_m
+    done: jax.Array  # bool
+    winner: jax.Array  # int32, the worker whose event was accepted
+    tau: jax.Array
+    kind: jax.Array
+    channel: jax.Array
+    gradient_at_event: jax.Array  # (d,)
+    proposals: jax.Array  # (M,) int32
+    rejections: jax.Array  # (M,)
+    violations: jax.Array  # (M,)
+    passes: jax.Array  # int32, proposals of the superposed process
+
+
+def next_bound_point(key, anchor_time, a, b, rho, has_excess: bool):
+    """The first point after ``anchor_time`` of one worker's bounding Poisson process: its
+    channels' affine bounds ``(a_c + b_c (t - anchor_time))_+`` superposed with its privacy
+    clock ``rho`` (Appendix A). Returns ``(time, channel, from_the_privacy_clock)``."""
+    k1, k2 = split_key(key)
+    tc = affine_first_time(a, b, exponential64(k1, a.shape))
+    channel = jnp.argmin(tc).astype(jnp.int32)
+    t_rate = tc[channel]
+    if not has_excess:
+        return anchor_time + t_rate, channel, jnp.array(False)
+    te = _exp_time(k2, rho)
+    return anchor_time + jnp.minimum(t_rate, te), channel, te < t_rate
+
+
+def proposing_worker(key, next_time):
+    """The worker whose bound proposes the next point of the superposed process, and that
+    point's time: the earliest of the workers' next points. The first point of a superposition
+    of independent Poisson processes is the earliest of their first points, and it belongs to
+    process m with probability ``Lambda_m(t) / sum_s Lambda_s(t)``. (``key`` is unused: the
+    choice is the argmin; the signature lets a test put a wrong choice in its place.)"""
+    del key
+    worker = jnp.argmin(next_time).astype(jnp.int32)
+    return worker, next_time[worker]
+
+
+def superposed_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, grad_args, q, l, lw,
+                           coords, rho, scale, gradients0, slope_fn=None) -> WorkerProposal:
+    """Step 1 of Algorithm 2 by *superposition thinning*: the first event of the federated rate
+    ``sum_m lambda_m`` before ``cap``, thinned against the sum of the workers' bounds.
+
+    Each of the M data workers holds its affine bounds ``Lambda_m`` (Appendix A, anchored at its
+    own last rejection, as in :func:`first_events`) and the next point of its bounding Poisson
+    process. A pass takes the earliest point over all workers (:func:`proposing_worker`): that is
+    the next point of the process of rate ``sum_m Lambda_m(t)``, proposed by worker m with
+    probability ``Lambda_m(t) / sum_s Lambda_s(t)``. Only that worker evaluates its gradient and
+    accepts with probability ``lambda_m(t) / Lambda_m(t)``; on a rejection it re-anchors its bound
+    there and draws its next point (the other workers' points after t are still points of their
+    Poisson processes: their bounds did not change). The accepted event therefore has the law of
+    the earliest of the workers' own first events -- the per-worker scheme's winner -- while a
+    pass costs one worker's gradient instead of every worker's, and no worker searches past the
+    event. A point past a bound's horizon re-anchors there; a bound violation doubles that
+    worker's scale and it redraws from its last anchor, as in :func:`first_events`.
+
+    ``grad_args`` leaves, ``q, l, lw, coords, rho, scale`` have a leading axis of M workers;
+    ``gradients0`` (M, d) are their gradients at ``x0``. Returns a :class:`WorkerProposal` with
+    that leading axis: the accepting worker's row has the event (tau < inf), every other row
+    ``tau = inf``; ``proposals``/``rejections``/``violations`` count each worker's own.
+    """
+    spec, ref = cfg.spec, cfg.reference
+    M = q.shape[0]
+    lanes = (grad_args, q, l, lw, coords, rho)
+
+    def anchor(xs, vs, gs, sc, lane):
+        args, q_i, l_i, lw_i, coords_i, _ = lane
+        a, b = spec.anchor(xs, vs, gs, None, q_i, l_i, lw_i, coords_i, ref, False)
+        if slope_fn is not None:
+            b = b + slope_fn(xs, vs, *args) * coords_i
+        return a, b * sc
+
+    k_start, key = split_key(key)
+    zero = jnp.zeros((), jnp.float64)
+    a0, b0 = jax.vmap(lambda g, sc, lane: anchor(x0, v0, g, sc, lane))(gradients0, scale, lanes)
+    t0, ch0, ex0 = jax.vmap(lambda k, a, b, r: next_bound_point(k, zero, a, b, r, cfg.has_excess))(
+        split_key(k_start, M), a0, b0, rho)
+    zM = jnp.zeros((M,), jnp.int32)
+    initial = SuperpositionCarry(
+        key=key, anchor_time=jnp.zeros((M,), jnp.float64), a=a0, b=b0,
+        horizon_end=jnp.zeros((M,), jnp.float64) + cfg.horizon, scale=scale, next_time=t0,
+        next_channel=ch0, next_excess=ex0, done=jnp.array(False), winner=jnp.int32(0),
+        tau=zero + jnp.inf, kind=jnp.int32(0), channel=jnp.int32(0),
+        gradient_at_event=gradients0[0], proposals=zM, rejections=zM, violations=zM,
+        passes=jnp.int32(0))
+    initial = batched_like(t0[0], initial)
+    max_passes = cfg.max_thinning * M
+
+    def searching(c: SuperpositionCarry):
+        return ~c.done & (c.passes < max_passes)
+
+    def body(c: SuperpositionCarry) -> SuperpositionCarry:
+        key, k_choice, k_accept, k_next = split_key(c.key, 4)
+        w, t_point = proposing_worker(k_choice, c.next_time)
+        lane = jax.tree_util.tree_map(lambda leaf: leaf[w], lanes)
+        s, a, b, hend, sc = c.anchor_time[w], c.a[w], c.b[w], c.horizon_end[w], c.scale[w]
+        ch = c.next_channel[w]
+        beyond = t_point > hend
+        t_eval = jnp.where(beyond, hend, t_point)
+        capped = ~(t_eval < cap)
+        t_safe = jnp.where(jnp.isfinite(t_eval), t_eval, s)
+        xe, ve = spec.flow(x0, v0, t_safe, ref)
+        ge = grad_fn(xe, *lane[0])
+        rate = spec.rate(xe, ve, ge, lane[4], ref)[ch]
+        bound = jnp.maximum(a[ch] + b[ch] * (t_safe - s), 0.0)
+        excess_first = c.next_excess[w]
+        check = ~capped & ~beyond & ~excess_first
+        tol = 1e-6 * (jnp.abs(a[ch]) + jnp.abs(b[ch]) * (t_safe - s)) + 1e-9
+        violated = check & (rate > bound + tol)
+        accept = check & ~violated & (uniform64(k_accept) * bound < rate)
+        is_excess = ~capped & ~beyond & excess_first
+        reanchor = ~capped & ~violated & ~accept & ~is_excess
+        an, bn = anchor(xe, ve, ge, sc, lane)
+        b_enlarged = jnp.where(b >= 0, 2.0 * b + 1e-12, 0.5 * b)
+        a_w = jnp.where(reanchor, an, a)
+        b_w = jnp.where(reanchor, bn, jnp.where(violated, b_enlarged, b))
+        s_w = jnp.where(reanchor, t_safe, s)
+        # the worker's next point: from the new anchor (rejection, horizon) or, after a
+        # violation, from its last anchor with the enlarged bound
+        t_n, ch_n, ex_n = next_bound_point(k_next, s_w, a_w, b_w, lane[5], cfg.has_excess)
+        event = accept | is_excess
+        redraw = reanchor | violated
+        onehot = jax.nn.one_hot(w, M, dtype=jnp.int32)
+        return SuperpositionCarry(
+            key=key,
+            anchor_time=c.anchor_time.at[w].set(s_w),
+            a=c.a.at[w].set(a_w), b=c.b.at[w].set(b_w),
+            horizon_end=c.horizon_end.at[w].set(jnp.where(reanchor, t_safe + cfg.horizon, hend)),
+            scale=c.scale.at[w].set(jnp.where(violated, 2.0 * sc, sc)),
+            next_time=c.next_time.at[w].set(jnp.where(redraw, t_n, c.next_time[w])),
+            next_channel=c.next_channel.at[w].set(jnp.where(redraw, ch_n, ch)),
+            next_excess=c.next_excess.at[w].set(jnp.where(redraw, ex_n, excess_first)),
+            done=capped | event,
+            winner=w,
+            tau=jnp.where(event, t_point, jnp.inf),
+            kind=jnp.where(is_excess, EXCESS, 0).astype(jnp.int32),
+            channel=ch,
+            gradient_at_event=ge,
+            proposals=c.proposals + onehot,
+            rejections=c.rejections + onehot * (reanchor & ~beyond).astype(jnp.int32),
+            violations=c.violations + onehot * violated.astype(jnp.int32),
+            passes=c.passes + 1,
+        )
+
+    out = jax.lax.while_loop(searching, body, initial)
+    mine = jnp.arange(M) == out.winner
+    return WorkerProposal(
+        tau=jnp.where(mine, out.tau, jnp.inf),
+        kind=jnp.where(mine, out.kind, 0).astype(jnp.int32),
+        channel=jnp.where(mine, out.channel, 0).astype(jnp.int32),
+        gradient_at_event=jnp.where(mine[:, None], out.gradient_at_event, 0.0),
+        scale=out.scale, proposals=out.proposals, rejections=out.rejections,
+        violations=out.violations, overflow=mine & ~out.done)
+
+
 def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: bool = False):
     """Kernels of the federated sampler: ``init(key, x0) -> FedState``,
     ``event_step(key, state, t_stop, counting) -> state`` (one server iteration of
@@ -470,13 +643,16 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             g = g - prior.g_ref
         return g
 
-    def all_grads(x, alpha):
+    def data_grads(x, alpha):
+        """The M data workers' gradients at ``x`` (M, d)."""
         if cfg.workers_data_grad is not None:  # unequal clients: their own rows, no padding
-            g = every_worker_grad(jnp.broadcast_to(x, (M, d)), workers.data, workers.mask,
-                                  workers.g_ref, workers.cv_weight, alpha)
-        else:
-            g = jax.vmap(data_worker_grad, in_axes=(None, 0, 0, 0, 0, 0))(
-                x, workers.data, workers.mask, workers.g_ref, workers.cv_weight, alpha)
+            return every_worker_grad(jnp.broadcast_to(x, (M, d)), workers.data, workers.mask,
+                                     workers.g_ref, workers.cv_weight, alpha)
+        return jax.vmap(data_worker_grad, in_axes=(None, 0, 0, 0, 0, 0))(
+            x, workers.data, workers.mask, workers.g_ref, workers.cv_weight, alpha)
+
+    def all_grads(x, alpha):
+        g = data_grads(x, alpha)
         if cfg.prior_worker:
             g = jnp.concatenate([g, prior_worker_grad(x)[None]])
         return g
@@ -560,7 +736,23 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
         cap_abs = jnp.minimum(jnp.minimum(st.next_refresh, st.next_redist), t_stop)
         return cap_abs - st.t
 
+    def superposed_step(key, st: FedState, t_stop, counting) -> FedState:
+        """One server iteration with superposition thinning of the data workers' rates (the
+        prior's own channels, if any, are added by ``apply_proposals`` as on every engine)."""
+        cap = event_cap(st, t_stop)
+        alpha = st.alpha
+        res = superposed_first_event(
+            cfg, split_key(key, 7)[0], st.x, st.v, cap, data_worker_grad,
+            (workers.data, workers.mask, workers.g_ref, workers.cv_weight, alpha),
+            workers.q + alpha[:, None, None] * prior.q, workers.l + alpha * prior.l,
+            workers.lw + alpha * prior.lw, workers.coords, workers.rho, st.scale[:M],
+            data_grads(st.x, alpha),
+            slope_fn=None if cfg.custom_slope is None else data_worker_slope)
+        return apply_proposals(key, st, res, t_stop, counting)
+
     def event_step(key, st: FedState, t_stop, counting) -> FedState:
+        if cfg.thinning == "superposition" and not cfg.exact:
+            return superposed_step(key, st, t_stop, counting)
         worker_keys, _ = event_keys(key)
         cap = event_cap(st, t_stop)
         # all workers of the chain side by side: a worker stops once another has proposed

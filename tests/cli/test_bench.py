@@ -49,6 +49,26 @@ def test_bench_needs_an_output_directory_and_known_names(capsys, tmp_path):
     assert "NUTS-everywhere" in capsys.readouterr().err
 
 
+def test_names_are_comma_or_space_separated(monkeypatch, tmp_path):
+    """``--algorithms A B`` (as docs/reference/benchmark.md writes it) and ``--algorithms A,B``
+    name the same runs; so do the forms of ``--problems``."""
+    calls = []
+
+    def record(out, **kwargs):
+        calls.append((kwargs["problems"], kwargs["algorithms"]))
+        return out / "README.md"
+
+    monkeypatch.setattr(bench, "run", record)
+    out = str(tmp_path)
+    assert main(["bench", "--out", out, "--quiet", "--algorithms", "FSGLD", "GTDULA"]) == 0
+    assert main(["bench", "--out", out, "--quiet", "--algorithms", "FSGLD,GTDULA"]) == 0
+    assert main(["bench", "--out", out, "--quiet", "--problems", "exam-schools,",
+                 "grouseticks", "--algorithms", "FSGLD, GTDULA"]) == 0
+    assert main(["bench", "--out", out, "--quiet"]) == 0
+    assert calls == [(None, ["FSGLD", "GTDULA"]), (None, ["FSGLD", "GTDULA"]),
+                     (["exam-schools", "grouseticks"], ["FSGLD", "GTDULA"]), (None, None)]
+
+
 class _Reference:
     def __init__(self, draws):
         self.draws = draws

@@ -56,10 +56,14 @@ def over_transport(algorithm, num_samples=40, chains=2, rate_diagnostics=True, c
         chains=chains, seed=3, progress=False, rate_diagnostics=rate_diagnostics, **run)
 
 
+# thinning="per_worker" (Algorithm 3) on both engines: the broadcast engine's workers thin
+# their own rates; in-process, thinning="auto" would take superposition thinning (same law,
+# other draws: tests/pdmp/test_pdmp_superposition.py)
 CASES = [
-    fm.FedZigZag(sample_interval=0.3),
-    pytest.param(fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.2), marks=pytest.mark.slow),
-    pytest.param(fm.FedZigZag(sample_interval=0.3, control_variates=True,
+    fm.FedZigZag(sample_interval=0.3, thinning="per_worker"),
+    pytest.param(fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.2, thinning="per_worker"),
+                 marks=pytest.mark.slow),
+    pytest.param(fm.FedZigZag(sample_interval=0.3, thinning="per_worker", control_variates=True,
                               redistribution_rate=0.5, prior="split"), marks=pytest.mark.slow),
 ]
 
@@ -97,7 +101,7 @@ def test_the_broadcast_engine_follows_the_in_process_thinning_of_unequal_workers
     gradients over the unpadded rows of all workers at once and stops a worker once another
     has an earlier event; each broadcast worker sums its own rows and searches to the cap.
     Same events, same draws up to rounding."""
-    algorithm = fm.FedZigZag(sample_interval=0.3, bound="estimate")
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker", bound="estimate")
     local = fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
                       num_samples=40, burn_in=5, chains=2, seed=3)
     assert local.info["gradient_layout"] == "unpadded"
@@ -112,7 +116,7 @@ def test_the_broadcast_engine_follows_the_in_process_thinning_of_unequal_workers
 @pytest.fixture(scope="module")
 def uninterrupted():
     """The draws of the Fed Zig-Zag run the stopped runs below are compared with."""
-    return over_transport(fm.FedZigZag(sample_interval=0.3)).flat_samples()
+    return over_transport(fm.FedZigZag(sample_interval=0.3, thinning="per_worker")).flat_samples()
 
 
 def check_each_chain_kept_its_draws(result, uninterrupted):
@@ -133,7 +137,7 @@ def test_a_crashed_worker_stops_the_run_or_is_dropped(uninterrupted):
     """The chains are not held in step, so a stopped run's chains end at different draws:
     each keeps every draw it made (the uninterrupted run's, bit for bit), NaN after them, and
     ``info["draws_per_chain"]`` says how many."""
-    algorithm = fm.FedZigZag(sample_interval=0.3)
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker")
     fault = {"client": 2, "after_visits": 150, "kind": "exit"}
     with pytest.raises(ClientFailureError) as caught:
         over_transport(algorithm, fault_injection=fault)
@@ -153,7 +157,7 @@ def test_the_chains_are_not_held_in_step():
     at once takes as many broadcast rounds as its busiest chain has event iterations (held
     in step, every draw would wait for its slowest chain), and the draws are still the
     in-process engine's."""
-    algorithm = fm.FedZigZag(sample_interval=0.3)
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker")
     # (the shapes and options of the module's other runs: their compiled programs serve)
     local = fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
                       num_samples=40, burn_in=5, chains=2, seed=3)
@@ -169,7 +173,7 @@ def test_a_diverged_chain_makes_no_more_rounds():
     """A chain whose draw crosses the divergence threshold stops drawing at once (its later
     draws are NaN and the run stops after the chunk, as on the in-process engine), so the
     workers spend no more rounds on it; the draws and the error are the in-process engine's."""
-    algorithm = fm.FedZigZag(sample_interval=0.3)
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker")
     algorithm.divergence_threshold = 0.35  # chain 1 of this seed crosses it at draw 7
     with pytest.raises(SamplingDivergedError) as in_process:
         fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
@@ -207,7 +211,7 @@ def test_ctrl_c_keeps_the_draws_of_the_interrupted_chunk(uninterrupted):
 
         return make_transport
 
-    algorithm = fm.FedZigZag(sample_interval=0.3)
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker")
     result = over_transport(algorithm, chunk_size=45, make_transport=interrupted_after(300))
     assert result.info["interrupted"]
     assert result.flat_samples().shape[1] < uninterrupted.shape[1]

@@ -634,7 +634,9 @@ def test_fed_boomerang_on_ray_identical_to_in_process(local_ray):
     model = pdmp_models.logistic_model()
     clients, _ = pdmp_models.logistic_data(0, 120, 3, num_workers=3, non_iid=True)
     federation = fm.Federation(clients)
-    algorithm = fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.2)
+    # per-worker thinning on both engines (the Ray workers thin their own rates; in-process
+    # thinning="auto" would thin the superposition: the same law, other draws)
+    algorithm = fm.FedBoomerang(sample_interval=0.5, refresh_rate=0.2, thinning="per_worker")
     # with the rate diagnostics (the default): the workers' gradients at a draw's end ride on
     # the next round's replies
     kw = dict(PDMP_KW, init=np.zeros(3, np.float32), num_samples=40, burn_in=5,
