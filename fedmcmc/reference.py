@@ -112,8 +112,11 @@ def _resolve_init(model: Model, init: Any) -> Any:
     return init
 
 
-def _log_posterior_fn(model: Model, unravel, data):
-    def log_posterior(theta):
+def _log_posterior_fn(model: Model, unravel):
+    """``(theta, data) -> log p(theta) + log p(data | theta)``: the rows are an argument, so
+    the compiled programs below take them as arguments instead of embedding them as
+    constants (compile time and memory that grew with the data; issue 45)."""
+    def log_posterior(theta, data):
         params = unravel(theta)
         return model.log_prior(params) + model.log_likelihood_sum(params, data)
 
@@ -131,12 +134,12 @@ def _as_dtype(tree, dtype):
 def _fingerprint(model: Model, init, data) -> list:
     """Log posterior and its gradient at fixed probe points: changes when the model does."""
     theta0, unravel = ravel_pytree(init)
-    log_post = jax.jit(jax.value_and_grad(_log_posterior_fn(model, unravel, data)))
+    log_post = jax.jit(jax.value_and_grad(_log_posterior_fn(model, unravel)))
     rng = np.random.default_rng(12345)
     values = []
     for scale in (0.0, 0.1, 0.5):
         probe = np.asarray(theta0) + scale * rng.standard_normal(theta0.shape)
-        value, grad = log_post(jnp.asarray(probe, dtype=theta0.dtype))
+        value, grad = log_post(jnp.asarray(probe, dtype=theta0.dtype), data)
         values.append(float(value))
         values.append(float(jnp.sum(grad * (1.0 + jnp.arange(grad.shape[0])))))
     return [float(f"{v:.5g}") for v in values]
@@ -197,24 +200,25 @@ def _exact(model, init, data, num_samples, seed, max_dim=2000) -> Optional[Refer
         dim = theta0.shape[0]
         if dim > max_dim:
             return None
-        log_post = _log_posterior_fn(model, unravel, data64)
+        log_post = _log_posterior_fn(model, unravel)
         rng = np.random.default_rng(0)
         spread = 1.0 + jnp.abs(theta0)
         try:
             grad_fn = jax.jit(jax.grad(log_post))
-            g0 = np.asarray(grad_fn(theta0))
+            g0 = np.asarray(grad_fn(theta0, data64))
             for scale in (0.5, -1.5):
                 direction = spread * jnp.asarray(rng.standard_normal(dim))
-                g1 = np.asarray(grad_fn(theta0 + scale * direction))
-                g2 = np.asarray(grad_fn(theta0 + 2 * scale * direction))
+                g1 = np.asarray(grad_fn(theta0 + scale * direction, data64))
+                g2 = np.asarray(grad_fn(theta0 + 2 * scale * direction, data64))
                 size = np.max(np.abs(g1 - g0)) + np.max(np.abs(g0)) * 1e-12 + 1e-300
                 if not np.all(np.isfinite(g2)) or np.max(np.abs(g2 - 2 * g1 + g0)) > 1e-6 * size:
                     return None
 
             @jax.jit
-            def hessian_at(theta):
+            def hessian_at(theta, data):
                 columns = jax.lax.map(
-                    lambda e: jax.jvp(jax.grad(log_post), (theta,), (e,))[1], jnp.eye(dim)
+                    lambda e: jax.jvp(jax.grad(lambda t: log_post(t, data)), (theta,), (e,))[1],
+                    jnp.eye(dim)
                 )
                 return columns.T
 
@@ -223,8 +227,8 @@ def _exact(model, init, data, num_samples, seed, max_dim=2000) -> Optional[Refer
                 theta0 + spread,
                 theta0 - 0.7 * spread * jnp.asarray(rng.standard_normal(dim)),
             ]
-            hessians = [np.asarray(hessian_at(p)) for p in points]
-            grads = [g0] + [np.asarray(grad_fn(p)) for p in points[1:]]
+            hessians = [np.asarray(hessian_at(p, data64)) for p in points]
+            grads = [g0] + [np.asarray(grad_fn(p, data64)) for p in points[1:]]
         except Exception:  # noqa: BLE001 - a model that does not run in float64: not exact
             return None
     hessian = hessians[0]
@@ -287,11 +291,12 @@ def _nuts(model, init, data, num_samples, num_warmup, chains, seed, progress) ->
     started = time.perf_counter()
     theta0, unravel = ravel_pytree(init)
     data = jax.tree_util.tree_map(jnp.asarray, data)
-    log_post = _log_posterior_fn(model, unravel, data)
+    log_posterior = _log_posterior_fn(model, unravel)
     keys = jax.random.split(jax.random.key(seed), chains)
 
-    def one_chain(key):
+    def one_chain(key, data):
         # Each chain adapts its own step size and diagonal mass matrix; chains are vmapped.
+        log_post = lambda theta: log_posterior(theta, data)  # noqa: E731
         key_init, key_warm, key_sample = jax.random.split(key, 3)
         start = theta0 + 0.1 * jax.random.normal(key_init, theta0.shape, theta0.dtype)
         adaptation = blackjax.window_adaptation(
@@ -311,8 +316,9 @@ def _nuts(model, init, data, num_samples, num_warmup, chains, seed, progress) ->
     if progress:
         print(f"reference: NUTS on the pooled data ({chains} chains)...", flush=True)
     # the vmap inside the jit: one program (a jitted chain vmapped outside compiled a transpose
-    # of its draws as a second one)
-    (positions, divergent, accept), step_size = jax.jit(jax.vmap(one_chain))(keys)
+    # of its draws as a second one); the rows an argument, not a constant
+    (positions, divergent, accept), step_size = jax.jit(
+        jax.vmap(one_chain, in_axes=(0, None)))(keys, data)
     all_draws = np.asarray(positions, dtype=np.float64)
     step_sizes = np.asarray(step_size).tolist()
     divergences = int(np.sum(np.asarray(divergent)))

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Union
 
 import jax.numpy as jnp
 
-__all__ = ["constant", "polynomial", "piecewise_constant", "as_schedule", "StepSize", "describe_step_size",
+__all__ = ["constant", "polynomial", "piecewise_constant", "cyclical", "as_schedule", "StepSize", "describe_step_size",
            "decaying_schedule"]
 
 StepSize = Union[float, Callable]
@@ -51,6 +51,33 @@ def piecewise_constant(boundaries, values) -> Callable:
     if not bool(jnp.all(values > 0)):
         raise ValueError("values (step sizes) must be positive")
     return lambda t: values[jnp.searchsorted(boundaries, t, side="right")]
+
+
+def cyclical(initial: float, total_iterations: int, cycles: int) -> Callable:
+    """The cyclical cosine schedule of cyclical SG-MCMC (Zhang et al., ICLR 2020, eq. (1)):
+    ``h_t = (initial / 2) (cos(pi mod(t, L) / L) + 1)`` with ``L = ceil(total_iterations /
+    cycles)`` (the paper's k - 1 = t, counted from 0): ``cycles`` cycles, each starting at
+    ``initial`` and falling to near 0, so that a chain explores a new mode at the start of a
+    cycle with large steps and samples it with small ones at its end (the multi-modal
+    posteriors of Bayesian neural networks). The paper's exploration stage (no noise during
+    the first part of each cycle) is not part of a schedule; every update here keeps its
+    noise, so the draws of a whole cycle are SGLD draws at varying step sizes."""
+    if not initial > 0 or not math.isfinite(initial):
+        raise ValueError(f"initial must be a positive finite number, got {initial}")
+    if isinstance(total_iterations, bool) or not isinstance(total_iterations, int) \
+            or total_iterations < 1:
+        raise ValueError(f"total_iterations must be a positive integer, got {total_iterations!r}")
+    if isinstance(cycles, bool) or not isinstance(cycles, int) or not 1 <= cycles <= total_iterations:
+        raise ValueError(f"cycles must be an integer in [1, total_iterations], got {cycles!r}")
+    length = -(-total_iterations // cycles)  # ceil(K / M)
+    initial = float(initial)
+
+    def schedule(t):
+        phase = jnp.mod(t, length).astype(jnp.float32) / length
+        # (h0 / 2)(cos(pi x) + 1) = h0 cos^2(pi x / 2): no cancellation near the cycle's end
+        return initial * jnp.cos(0.5 * jnp.pi * phase) ** 2
+
+    return schedule
 
 
 def as_schedule(step_size: StepSize, argument: str = "step_size") -> Callable:

@@ -125,11 +125,7 @@ def global_mode(flat_model: FlatModel, data: ConcatenatedData, theta0: jax.Array
     """
     import optax
 
-    def negative_log_posterior(theta):
-        return -(flat_model.log_prior(theta) + flat_model.log_likelihood_sum(theta, data.data))
-
     solver = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(negative_log_posterior)
 
     class Carry(NamedTuple):
         theta: jax.Array
@@ -139,22 +135,31 @@ def global_mode(flat_model: FlatModel, data: ConcatenatedData, theta0: jax.Array
         grad_norm: jax.Array
         iteration: jax.Array
 
-    def step(carry: Carry) -> Carry:
-        value, grad = value_and_grad(carry.theta, state=carry.state)
-        updates, state = solver.update(grad, carry.state, carry.theta, value=value, grad=grad,
-                                       value_fn=negative_log_posterior)
-        theta = optax.apply_updates(carry.theta, updates)
-        return Carry(theta, state, value, carry.value, jnp.linalg.norm(grad), carry.iteration + 1)
-
-    def keep_going(carry: Carry):
-        small = carry.grad_norm <= tolerance * (1.0 + jnp.abs(carry.value))
-        finite = jnp.isfinite(carry.grad_norm) & jnp.isfinite(carry.value)
-        progress = (carry.iteration < 2) | (carry.value < carry.previous)
-        return (carry.iteration == 0) | (
-            (carry.iteration < max_iterations) & ~small & finite & progress)
-
+    # the rows are an argument of the compiled program, not constants of it: a program that
+    # closed over them embedded every row in its text (compile time and memory grew with the
+    # data, issue 45)
     @jax.jit
-    def run(theta):
+    def run(theta, rows):
+        def negative_log_posterior(theta):
+            return -(flat_model.log_prior(theta) + flat_model.log_likelihood_sum(theta, rows))
+
+        value_and_grad = optax.value_and_grad_from_state(negative_log_posterior)
+
+        def step(carry: Carry) -> Carry:
+            value, grad = value_and_grad(carry.theta, state=carry.state)
+            updates, state = solver.update(grad, carry.state, carry.theta, value=value,
+                                           grad=grad, value_fn=negative_log_posterior)
+            theta = optax.apply_updates(carry.theta, updates)
+            return Carry(theta, state, value, carry.value, jnp.linalg.norm(grad),
+                         carry.iteration + 1)
+
+        def keep_going(carry: Carry):
+            small = carry.grad_norm <= tolerance * (1.0 + jnp.abs(carry.value))
+            finite = jnp.isfinite(carry.grad_norm) & jnp.isfinite(carry.value)
+            progress = (carry.iteration < 2) | (carry.value < carry.previous)
+            return (carry.iteration == 0) | (
+                (carry.iteration < max_iterations) & ~small & finite & progress)
+
         inf = jnp.asarray(jnp.inf, theta.dtype)
         start = Carry(theta, solver.init(theta), inf, inf, inf, jnp.zeros((), jnp.int32))
         end = jax.lax.while_loop(keep_going, step, start)
@@ -162,7 +167,7 @@ def global_mode(flat_model: FlatModel, data: ConcatenatedData, theta0: jax.Array
         linesearch = optax.tree_utils.tree_get(end.state, "num_linesearch_steps")
         return end.theta, jnp.linalg.norm(final_grad), end.iteration, linesearch
 
-    theta, grad_norm, iterations, linesearch = run(jnp.asarray(theta0))
+    theta, grad_norm, iterations, linesearch = run(jnp.asarray(theta0), data.data)
     iterations = int(iterations)
     # each iteration evaluates at least once, plus its line-search steps (best effort:
     # the last iteration's count; optax keeps no running total)

@@ -18,9 +18,26 @@ def test_piecewise_constant_values():
     assert [float(schedule(jnp.asarray(t))) for t in (0, 99, 100, 250)] == pytest.approx([1e-2, 1e-2, 1e-3, 1e-4])
 
 
+def test_cyclical_values_follow_the_cosine_of_each_cycle():
+    # Zhang et al. (2020) eq. (1) with K = 1,000 iterations in M = 4 cycles: L = 250
+    schedule = fm.schedules.cyclical(0.1, 1000, 4)
+    t = np.arange(1000)
+    expected = 0.05 * (np.cos(np.pi * np.mod(t, 250) / 250) + 1.0)
+    values = np.asarray(schedule(jnp.asarray(t)))
+    np.testing.assert_allclose(values, expected, rtol=1e-4, atol=1e-9)
+    assert values[0] == pytest.approx(0.1) and values[250] == pytest.approx(0.1)
+    assert values[125] == pytest.approx(0.05, rel=1e-5)
+    assert np.all(values > 0) and np.all(np.diff(values[:250]) < 0)
+    # L = ceil(K / M): 10 iterations in 3 cycles of 4
+    assert float(fm.schedules.cyclical(1.0, 10, 3)(jnp.asarray(4))) == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize(
     "make, argument",
     [
+        (lambda: fm.schedules.cyclical(0.0, 100, 2), "initial"),
+        (lambda: fm.schedules.cyclical(0.1, 0, 1), "total_iterations"),
+        (lambda: fm.schedules.cyclical(0.1, 100, 0), "cycles"),
         (lambda: fm.schedules.polynomial(a=-1.0), "a"),
         (lambda: fm.schedules.polynomial(a=1.0, gamma=1.5), "gamma"),
         (lambda: fm.schedules.piecewise_constant([10], [1.0]), "values"),
