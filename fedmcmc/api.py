@@ -14,7 +14,7 @@ from .results import Result
 
 __all__ = ["sample"]
 
-ENGINES = ("local", "ray")
+ENGINES = ("local", "ray", "flower")
 
 
 def sample(
@@ -142,7 +142,7 @@ def sample(
             raise ValueError(
                 f"max_iterations bounds 'auto' settings, which {type(algorithm).__name__} "
                 "does not offer; leave it out")
-    if federation.is_deferred and engine != "ray":
+    if federation.is_deferred and engine not in ("ray", "flower"):
         # Federation.from_loaders: the in-process engine simulates every client here, so the
         # loaders run here; on Ray each runs in its client's actor and the engine checks
         # init against the example shapes the clients report

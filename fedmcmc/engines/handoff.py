@@ -54,11 +54,12 @@ from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessT
 from .driver import PartialDraws, check_draws, drive
 from .local import iteration_key
 from .options import check_engine_options, protocol_run_options
+from .flower_engine import flower_transports
 from .ray_engine import ray_transports
 from .ray_security import record_ray_authentication
 
 __all__ = ["HandoffClient", "HandoffServer", "sample_handoff", "sample_protocol",
-           "sample_on_ray"]
+           "sample_on_ray", "sample_on_flower"]
 
 
 # ----------------------------------------------------------------------------- client side
@@ -608,8 +609,10 @@ def sample_protocol(protocol: HandoffProtocol, model, federation, *, engine: str
                   chains=chains, seed=seed, progress=progress, info=info)
     if engine == "ray":
         return sample_on_ray(protocol, model, federation, **common, **options)
+    if engine == "flower":
+        return sample_on_flower(protocol, model, federation, **common, **options)
     if engine != "local":
-        raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
+        raise ValueError(f"engine must be 'local', 'ray' or 'flower', got {engine!r}")
     options = check_engine_options(options, protocol.name, engine="local")
     return sample_handoff(
         protocol, model, federation,
@@ -637,3 +640,21 @@ def sample_on_ray(protocol: HandoffProtocol, model, federation, *, init, num_sam
             fault_injection=options.get("fault_injection"),
             progress=progress, info=info, **protocol_run_options(options),
         ))
+
+
+def sample_on_flower(protocol: HandoffProtocol, model, federation, *, init, num_samples, burn_in,
+                     thin, chains, seed, progress=None, info=None, **options):
+    """A hand-off protocol on Flower: each client's endpoint on its site's SuperNode
+    (``flower_engine.py``), one Flower message per visit."""
+    options = check_engine_options(options, protocol.name, engine="flower")
+    with flower_transports(options) as make_transport:
+        return sample_handoff(
+            protocol, model, federation, make_transport,
+            init=init, num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
+            seed=seed, engine_label="flower",
+            visit_timeout=options.get("visit_timeout"),
+            on_client_failure=options["on_client_failure"],
+            audit_messages=bool(options.get("audit_messages", False)),
+            fault_injection=options.get("fault_injection"),
+            progress=progress, info=info, **protocol_run_options(options),
+        )

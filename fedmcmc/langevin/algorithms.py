@@ -38,7 +38,7 @@ from .estimators import estimator_moments, unscaled_noise
 from .handoff import ClientSetup, DSGLDProtocol, FSGLDProtocol, setup_key
 from .step_size import StepSizeWarning
 from ..schedules import as_schedule, describe_step_size
-from ..engines.handoff import sample_on_ray
+from ..engines.handoff import sample_on_flower, sample_on_ray
 
 __all__ = ["SGLD", "DSGLD", "FSGLD", "StepSizeWarning"]
 
@@ -384,8 +384,9 @@ class DSGLD(_LangevinAlgorithm):
     """
 
     name = "DSGLD"
-    #: "ray": client endpoints in Ray actors (``fedmcmc.engines.ray_engine``)
-    engines = ("local", "ray")
+    #: "ray": client endpoints in Ray actors (``fedmcmc.engines.ray_engine``); "flower": on
+    #: Flower SuperNodes, one per site (``fedmcmc.engines.flower_engine``)
+    engines = ("local", "ray", "flower")
     #: ``fm.sample`` passes ``run_request``: thin / burn_in "auto", the budget of "auto" h
     supports_run_request = True
 
@@ -529,7 +530,7 @@ class DSGLD(_LangevinAlgorithm):
     def sample(self, model, federation, *, init, num_samples, burn_in, thin, chains, seed,
                engine, progress, **options):
         request = _run_request(options, num_samples, burn_in, thin, chains)
-        if engine == "ray":
+        if engine in ("ray", "flower"):
             info = {"step_size": describe_step_size(self.step_size),
                     "batch_size": self.batch_size}
             if not self._needs_driver_setup() and not request.any_auto:
@@ -554,7 +555,8 @@ class DSGLD(_LangevinAlgorithm):
                 info["step_size"] = describe_step_size(settings.step_size)
                 info["setup_by"] = "driver"
                 protocol = self.handoff_protocol(settings)
-            return sample_on_ray(
+            on_engine = sample_on_flower if engine == "flower" else sample_on_ray
+            return on_engine(
                 protocol, model, federation, init=init, num_samples=num_samples,
                 burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
                 info=info, **options,
