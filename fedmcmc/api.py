@@ -117,6 +117,11 @@ def sample(
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "flower" and engine not in algorithm.engines and \
+            getattr(algorithm, "flower_refusal", None):
+        from .engines.flower_engine import refuse_flower  # imports no Flower
+
+        refuse_flower(type(algorithm).__name__, algorithm.flower_refusal)
     if engine not in algorithm.engines:
         raise ValueError(
             f"engine={engine!r} is not available for {type(algorithm).__name__}; "

@@ -77,11 +77,17 @@ class _Baseline(Algorithm):
         request = options.pop("run_request", None)  # before the run options are checked
         run = dict(init=init, num_samples=num_samples, burn_in=burn_in, thin=thin,
                    chains=chains, seed=seed, progress=progress, run_request=request)
-        if engine != "ray":
+        if engine not in ("ray", "flower"):
             return self.sample_local(model, federation, **run, **options)
         self.check_run(model.flatten(init).dim, chains, num_samples)
         self.check_engine_run_options(options)
-        engine_options = check_engine_options(options, self.name)
+        engine_options = check_engine_options(options, self.name, engine=engine)
+        if engine == "flower":
+            from ..engines.flower_engine import flower_transports  # imported only when used
+
+            with flower_transports(engine_options) as make_transport:
+                return self.sample_distributed(
+                    model, federation, make_transport, "flower", engine_options, **run)
         with ray_transports(engine_options) as make_transport:
             return record_ray_authentication(self.sample_distributed(
                 model, federation, make_transport, "ray", engine_options, **run))
@@ -238,7 +244,7 @@ class FALD(_Baseline):
     2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
-    engines = ("local", "ray")
+    engines = ("local", "ray", "flower")
     divergence_threshold: float = 1e10
     supports_resume: bool = True
 
@@ -454,7 +460,7 @@ class QLSD(_Baseline):
     2 / (h lambda_min(P)) iterations (:mod:`fedmcmc.baselines.tuning`).
     """
 
-    engines = ("local", "ray")
+    engines = ("local", "ray", "flower")
     divergence_threshold: float = 1e10
     supports_resume: bool = True
 
@@ -691,7 +697,7 @@ class ConsensusMC(_Baseline):
         NUTS tree depth limit.
     """
 
-    engines = ("local", "ray")
+    engines = ("local", "ray", "flower")
     name = "ConsensusMC"
     divergence_threshold: float = 1e10
     supports_resume: bool = False

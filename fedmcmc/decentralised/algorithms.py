@@ -122,6 +122,8 @@ class _Decentralised(Algorithm):
     tracking: bool = False
     #: "ray": one Ray actor per agent, neighbour exchange actor to actor (``decentralised/distributed.py``)
     engines = ("local", "ray")
+    #: why engine="flower" is refused (``fm.sample`` quotes it with Flower's round latency)
+    flower_refusal = "a neighbour exchange between agents every iteration"
     divergence_threshold: float = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS`` on the local
     #: engine (on engine="ray" the callbacks are accepted but not called, and resuming is

@@ -76,10 +76,11 @@ FLOWER_OPTIONS = ("flower_address", "flower_root_certificates", "flower_insecure
                   "flower_superexec_auth_secret_file", "flower_sites", "flower_connect_timeout",
                   "flower_log_dir")
 
-#: the per-round latency of Flower 1.42 on loopback, measured by benchmarks/bench_flower.py
-#: on a 2-core machine (median of a DSGLD run's visits; docs/guide/deploying-across-
-#: organisations.md): the number the refusal of round-per-event algorithms quotes
-FLOWER_ROUND_SECONDS = 1.5
+#: the per-visit latency of Flower 1.42 on loopback: ``info["mean_visit_seconds"]`` of a
+#: DSGLD run with 3 sites (one chain, visits of 10 steps that compute in milliseconds) on the
+#: 2-core development machine under load (benchmarks/bench_flower.py measures it anew); the
+#: number the refusal of round-per-event algorithms quotes
+FLOWER_ROUND_SECONDS = 4.0
 
 
 class FlowerLatencyError(ValueError):
@@ -89,9 +90,9 @@ class FlowerLatencyError(ValueError):
 def refuse_flower(name: str, rounds: str) -> None:
     """The ``ValueError`` of an algorithm too chatty for Flower's per-round latency."""
     raise FlowerLatencyError(
-        f"engine='flower' is not available for {name}: it exchanges {rounds}, and a Flower "
-        f"1.42 round trip takes about {FLOWER_ROUND_SECONDS:g} s (the SuperNode polls the "
-        "SuperLink every 3 s when idle and checks for replies every 0.5 s; measured by "
+        f"engine='flower' is not available for {name}: it needs {rounds}, and a Flower "
+        f"1.42 round trip took {FLOWER_ROUND_SECONDS:g} s on loopback (measured; the SuperNode "
+        "polls the SuperLink every 3 s when idle and checks for replies every 0.5 s: "
         "benchmarks/bench_flower.py), so a run of thousands of rounds would take hours. "
         "Use engine='ray' (milliseconds per round) inside one trusted cluster, or a hand-off "
         "(DSGLD, FSGLD) or broadcast (FALD, QLSD, ConsensusMC) algorithm, which amortise the "
@@ -394,12 +395,6 @@ class FlowerSession:
             certificates = (None if insecure else
                             _read(options["flower_root_certificates"],
                                   "flower_root_certificates"))
-            if insecure and not (is_loopback(address) or options.get("flower_insecure")):
-                raise ValueError(
-                    f"flower_address={address!r} is not on loopback and no "
-                    "flower_root_certificates were given: the connection would not be "
-                    "encrypted. Give the CA certificate of the SuperLink's TLS certificate, "
-                    "or flower_insecure=True to accept an unencrypted connection")
             secret_file = options.get("flower_superexec_auth_secret_file")
             secret = _read(secret_file, "flower_superexec_auth_secret_file") if secret_file else None
         self.link = FlowerLink(address, insecure=insecure, root_certificates=certificates,
@@ -439,6 +434,13 @@ def check_flower_options(options: Dict[str, Any]) -> Dict[str, Any]:
         raise ValueError("flower_root_certificates is for a running SuperLink "
                          "(flower_address); the local federation runs on loopback")
     out.setdefault("flower_root_certificates", None)
+    if address is not None and out["flower_root_certificates"] is None and not (
+            is_loopback(address) or out.get("flower_insecure") is True):
+        raise ValueError(
+            f"flower_address={address!r} is not on loopback and no flower_root_certificates "
+            "were given: the connection would not be encrypted. Give the CA certificate of "
+            "the SuperLink's TLS certificate, or flower_insecure=True to accept an "
+            "unencrypted connection")
     if not isinstance(out.get("flower_insecure", False), bool):
         raise ValueError(f"flower_insecure must be True or False, got "
                          f"{out['flower_insecure']!r}")

@@ -237,21 +237,31 @@ class SiteWorker:
             time.sleep(self.poll_interval)
 
 
-def _die_with_parent() -> None:
-    """In a child: receive SIGTERM when the process that started it ends (Linux), so that a
-    killed parent leaves no Flower process behind."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+#: runs a command in a process that receives SIGTERM when the process that started it ends
+#: (Linux ``PR_SET_PDEATHSIG``, kept across ``exec``), so that a killed parent leaves no
+#: Flower process behind; set in a fresh interpreter, not in a forked child of this one
+#: (``preexec_fn`` would fork a multithreaded JAX process)
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "except OSError:\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
 def start_child(command: Sequence[str], log_path: Optional[str] = None) -> subprocess.Popen:
-    """``command`` as a child process that ends with this one (see :func:`_die_with_parent`)."""
+    """``command`` as a child process that ends with this one (SIGTERM on Linux when this
+    process ends, however it ends); its output to ``log_path`` (default: discarded)."""
     output = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    launcher = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid())]
+    if not sys.platform.startswith("linux"):
+        launcher = []
     try:
-        return subprocess.Popen(list(command), stdout=output, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        return subprocess.Popen(launcher + list(command), stdout=output,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
         if log_path:
             output.close()
@@ -380,4 +390,8 @@ def _is_loopback(host: str) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the package's own module (python -m loads this file a second time as __main__):
+    # SiteData reads the sources registered there
+    from fedmcmc.engines.flower_site import main as _main
+
+    sys.exit(_main())

@@ -54,7 +54,6 @@ from .comm import (ClientEndpoint, ClientFailure, ClientFailureError, InProcessT
 from .driver import PartialDraws, check_draws, drive
 from .local import iteration_key
 from .options import check_engine_options, protocol_run_options
-from .flower_engine import flower_transports
 from .ray_engine import ray_transports
 from .ray_security import record_ray_authentication
 
@@ -646,6 +645,8 @@ def sample_on_flower(protocol: HandoffProtocol, model, federation, *, init, num_
                      thin, chains, seed, progress=None, info=None, **options):
     """A hand-off protocol on Flower: each client's endpoint on its site's SuperNode
     (``flower_engine.py``), one Flower message per visit."""
+    from .flower_engine import flower_transports  # Flower is imported only when used
+
     options = check_engine_options(options, protocol.name, engine="flower")
     with flower_transports(options) as make_transport:
         return sample_handoff(

@@ -222,6 +222,8 @@ class _FedPDMP(Algorithm):
     spec: Any = None
     #: "ray": one Ray actor per worker, broadcast-and-gather per event (pdmp/distributed.py)
     engines = ("local", "ray")
+    #: why engine="flower" is refused (``fm.sample`` quotes it with Flower's round latency)
+    flower_refusal = "a broadcast-and-gather round with every worker per event"
     divergence_threshold = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
     #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)
