@@ -330,7 +330,11 @@ class LocalFlowerFederation:
         if command[0].startswith("flower-"):
             command = [os.path.join(os.path.dirname(sys.executable), command[0]),
                        *command[1:]]
-        process = start_child(command, log)
+        # the sites import what this process can (the modules of its loaders and models,
+        # as a local Ray instance's workers do): its sys.path
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in sys.path if p and os.path.isdir(p)))
+        process = start_child(command, log, env)
         self.processes.append(process)
         return process
 

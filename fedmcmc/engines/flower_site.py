@@ -123,7 +123,7 @@ class SiteWorker:
 
     def __init__(self, runtime_address: str, *, insecure: bool = True,
                  root_certificates: Optional[bytes] = None,
-                 superexec_auth_secret: Optional[bytes] = None, poll_interval: float = 0.01):
+                 superexec_auth_secret: Optional[bytes] = None, poll_interval: float = 0.05):
         from flwr.supercore.interceptors import (RuntimeVersionHttpInterceptor,
                                                  SuperExecAuthHttpInterceptor)
         from flwr.supercore.runtime import RuntimeHttpClient
@@ -252,7 +252,8 @@ _DIE_WITH_PARENT = (
     "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
-def start_child(command: Sequence[str], log_path: Optional[str] = None) -> subprocess.Popen:
+def start_child(command: Sequence[str], log_path: Optional[str] = None,
+                env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     """``command`` as a child process that ends with this one (SIGTERM on Linux when this
     process ends, however it ends); its output to ``log_path`` (default: discarded)."""
     output = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
@@ -260,7 +261,7 @@ def start_child(command: Sequence[str], log_path: Optional[str] = None) -> subpr
     if not sys.platform.startswith("linux"):
         launcher = []
     try:
-        return subprocess.Popen(launcher + list(command), stdout=output,
+        return subprocess.Popen(launcher + list(command), stdout=output, env=env,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
         if log_path:
