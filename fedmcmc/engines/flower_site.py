@@ -218,13 +218,15 @@ class SiteWorker:
                 heartbeat.stop()
             client.close()
 
-    def serve(self, stop_after: Optional[float] = None) -> None:
-        """Claim and run the SuperNode's tasks until the process ends (or ``stop_after``
-        seconds, for tests)."""
+    def serve(self, stop_after: Optional[float] = None, stop_when=None) -> None:
+        """Claim and run the SuperNode's tasks until the process ends, ``stop_when()`` is
+        true (the SuperNode ended) or ``stop_after`` seconds have passed (tests)."""
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
 
         deadline = None if stop_after is None else time.monotonic() + stop_after
         while deadline is None or time.monotonic() < deadline:
+            if stop_when is not None and stop_when():
+                return
             try:
                 acquired = self._executor.AcquireTask(
                     AcquireTaskRequest(supported_task_types=["flwr-clientapp"]))
@@ -363,20 +365,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         root_certificates=args.root_certificates,
         private_key=args.auth_supernode_private_key), args.log)
 
-    def stop(*_):
+    def stop(*_, code: int = 0):
         with contextlib.suppress(Exception):
             supernode.terminate()
             supernode.wait(10)
-        os._exit(0)
+        os._exit(code)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    code = 0
     try:
         wait_for_port("127.0.0.1", port, 600.0, supernode, "flower-supernode")
-        SiteWorker(f"127.0.0.1:{port}", insecure=True).serve()
+        # the SuperNode's Runtime API is on loopback, without TLS (nothing leaves the host);
+        # a SuperNode that ends (refused by the SuperLink, say) ends the site
+        SiteWorker(f"127.0.0.1:{port}", insecure=True).serve(
+            stop_when=lambda: supernode.poll() is not None)
+        print(f"flower-supernode ended with code {supernode.returncode}", file=sys.stderr)
+        code = 1
     finally:
-        stop()
-    return 0
+        stop(code=code)
+    return code
 
 
 def _is_loopback(host: str) -> bool:
