@@ -19,8 +19,8 @@ The messages (:func:`encode_request`) carry one pickled request each in a
 :class:`flwr.app.ConfigRecord` (bytes): ``create`` builds a client endpoint from the
 ``(EndpointClass, args)`` the driver sends (its loader, ``Federation.from_loaders``, is
 called here, in this process: no row leaves the site), ``call`` runs one of its methods
-and replies with the return value, ``hello`` names the site, ``close`` drops a run's
-endpoints. Executing what the driver sends is what a ClientApp is (Flower's FAB runs the
+and replies with the return value, ``hello`` names the site. A site keeps the endpoints of its
+last :data:`KEPT_RUNS` runs. Executing what the driver sends is what a ClientApp is (Flower's FAB runs the
 server's code too): a site trusts the driver it lets in; the SuperLink's TLS and SuperNode
 authentication keep everyone else out (docs/guide/deploying-across-organisations.md).
 
@@ -42,7 +42,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["SiteData", "SiteWorker", "encode_request", "decode_reply", "PAYLOAD_KEY",
            "RECORD_KEY", "site_command", "main"]
@@ -52,6 +52,9 @@ RECORD_KEY = "fedmcmc"
 PAYLOAD_KEY = "payload"
 #: the message type of every fedmcmc message (Flower's ``"query"`` kind)
 MESSAGE_TYPE = "query"
+
+#: how many runs' endpoints a site keeps (the most recent ones: concurrent runs)
+KEPT_RUNS = 4
 
 #: the data sources this site registered (``--data``), by name
 _SITE_SOURCES: Dict[str, Any] = {}
@@ -142,6 +145,7 @@ class SiteWorker:
             root_certificates=root_certificates, interceptors=interceptors)
         self.endpoints: Dict[tuple, Any] = {}
         self.failed: Dict[tuple, str] = {}
+        self.runs: List[str] = []  # the runs whose endpoints are kept, oldest first
 
     # -- one request
     def handle(self, request: tuple, node_config: Dict[str, Any]) -> Tuple[str, Any]:
@@ -153,6 +157,7 @@ class SiteWorker:
             # the run-wide arguments came as interning.Interned: unpickled to the object this
             # process built from the same bytes before (its traced programs are reused)
             _, run_key, client, cls, args = request
+            self._keep_run(run_key)
             try:
                 self.endpoints[(run_key, client)] = cls(*args)
             except Exception as error:  # noqa: BLE001 - reported with every call to it
@@ -170,14 +175,20 @@ class SiteWorker:
                 return "ok", getattr(endpoint, method)(*args)
             except Exception as error:  # noqa: BLE001 - the driver's ClientFailure
                 return "error", f"{type(error).__name__}: {error}"
-        if kind == "close":
-            run_key = request[1]
-            for key in [k for k in self.endpoints if k[0] == run_key]:
-                del self.endpoints[key]
-            for key in [k for k in self.failed if k[0] == run_key]:
-                del self.failed[key]
-            return "ok", None
         return "error", f"unknown request {kind!r}"
+
+    def _keep_run(self, run_key: str) -> None:
+        """A run's first ``create``: its endpoints are kept; those of the runs before the
+        last :data:`KEPT_RUNS` are dropped (a message after its run ended could not be
+        answered -- the SuperNode would wait for the reply for ever -- so no run sends one)."""
+        if run_key in self.runs:
+            return
+        self.runs.append(run_key)
+        for old in self.runs[:-KEPT_RUNS]:
+            for table in (self.endpoints, self.failed):
+                for key in [k for k in table if k[0] == old]:
+                    del table[key]
+        del self.runs[:-KEPT_RUNS]
 
     # -- one task of the SuperNode: what flwr-clientapp does, in this process
     def run_task(self, token: str) -> None:
@@ -234,7 +245,11 @@ class SiteWorker:
                 time.sleep(0.5)
                 continue
             if acquired.HasField("task") and acquired.token:
-                self.run_task(acquired.token)
+                try:
+                    self.run_task(acquired.token)
+                except Exception as error:  # noqa: BLE001 - one task's failure ends no site
+                    print(f"fedmcmc site: a task failed: {type(error).__name__}: {error}",
+                          file=sys.stderr, flush=True)
                 continue
             time.sleep(self.poll_interval)
 

@@ -236,15 +236,9 @@ class FlowerTransport(Transport):
                 "flower_nodes": [int(self.node_of[c]) for c in range(self.num_clients)]}
 
     def close(self) -> None:
-        """Drop the run's endpoints on the live sites (not awaited)."""
-        try:
-            nodes = sorted({self.node_of[c] for c in range(self.num_clients)
-                            if c not in self._dead})
-            if nodes:
-                self.link.grid.push_messages([self._message(node, ("close", self.run_key))
-                                              for node in nodes])
-        except Exception:  # noqa: BLE001 - the run is over; the sites may be gone
-            pass
+        """The run's end: nothing more is sent (a message after the run's end would never
+        be answered, and its SuperNode would wait for the reply for ever); the sites drop a
+        run's endpoints a few runs later (``flower_site.KEPT_RUNS``)."""
         self._dead.update(range(self.num_clients))
 
 

@@ -137,12 +137,12 @@ def test_flower_options_are_checked_before_anything_starts():
 
 
 @pytest.fixture(scope="module")
-def running_federation():
+def running_federation(tmp_path_factory):
     """A SuperLink and 3 sites that outlive one run: the runs below connect to it by address
     (as to sites started by their organisations), and it is ended after the module."""
     from fedmcmc.engines.flower_engine import LocalFlowerFederation
 
-    federation = LocalFlowerFederation(3)
+    federation = LocalFlowerFederation(3, str(tmp_path_factory.mktemp("flower_logs")))
     try:
         federation.wait_ready(600.0)
         yield federation
