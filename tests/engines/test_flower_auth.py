@@ -19,10 +19,13 @@ from fedmcmc.engines.flower_site import (free_port, site_command, start_child,  
                                           wait_for_port)
 
 from certificates import openssl_certificate  # noqa: E402
-from test_flower_engine import RUN, _flower_processes  # noqa: E402
+from flower_processes import flower_processes  # noqa: E402
 from toy_problems import GAUSSIAN_MODEL, gaussian_federation  # noqa: E402
 
 pytestmark = pytest.mark.slow
+
+RUN = dict(init=jnp.zeros(2), num_samples=12, burn_in=0, thin=5, chains=1, seed=7,
+           progress=False)
 
 
 def _site_keys(directory):
@@ -102,6 +105,6 @@ def test_unregistered_site_is_refused_and_a_registered_one_runs(tmp_path):
             except Exception:  # noqa: BLE001
                 process.kill()
     deadline = time.monotonic() + 30
-    while _flower_processes() and time.monotonic() < deadline:
+    while flower_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _flower_processes() == []
+    assert flower_processes() == []

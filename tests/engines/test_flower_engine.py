@@ -25,44 +25,13 @@ import fedmcmc as fm  # noqa: E402
 from fedmcmc.engines.comm import ClientFailureError  # noqa: E402
 from fedmcmc.engines.flower_engine import FlowerLatencyError  # noqa: E402
 
+from flower_processes import flower_processes  # noqa: E402
 from toy_problems import DIM, GAUSSIAN_MODEL, gaussian_federation  # noqa: E402
 
 TIMEOUT = 300.0  # seconds any one message may take (a site compiles its visit first)
 BOUNDS = dict(visit_timeout=TIMEOUT, flower_connect_timeout=600.0)
 RUN = dict(init=jnp.zeros(DIM), num_samples=12, burn_in=0, thin=5, chains=1, seed=7,
            progress=False)
-
-
-def _children(root: int):
-    """(pid, command line) of every live descendant of process ``root`` (from /proc)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    stat = handle.read()
-                state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-                if state != "Z":
-                    parents[int(entry)] = int(ppid)
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = [], [root]
-    while frontier:
-        pid = frontier.pop()
-        for child, parent in parents.items():
-            if parent == pid:
-                frontier.append(child)
-                try:
-                    with open(f"/proc/{child}/cmdline", "rb") as handle:
-                        found.append((child, handle.read().replace(b"\0", b" ").decode()))
-                except OSError:
-                    pass
-    return found
-
-
-def _flower_processes():
-    return [(pid, cmd) for pid, cmd in _children(os.getpid())
-            if "flower" in cmd or "flwr" in cmd]
 
 
 def _three_clients():
@@ -87,7 +56,7 @@ def test_dsgld_on_flower_equals_local_with_the_data_on_the_sites(tmp_path):
     algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
     on_flower = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="flower",
                           audit_messages=True, **BOUNDS, **RUN)
-    assert _flower_processes() == []
+    assert flower_processes() == []
     assert federation.is_deferred  # the driver never loaded the rows
     with open(log) as handle:
         loaders_ran_in = [int(line) for line in handle if line.strip()]
@@ -130,7 +99,7 @@ def test_flower_options_are_checked_before_anything_starts():
     with pytest.raises(ValueError, match="ray_address is a Ray option"):
         fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="flower",
                   ray_address="auto", **RUN)
-    assert _flower_processes() == []
+    assert flower_processes() == []
 
 
 # ----------------------------------------------------------------------------- slow
@@ -148,7 +117,7 @@ def running_federation(tmp_path_factory):
         yield federation
     finally:
         federation.close()
-        assert _flower_processes() == []
+        assert flower_processes() == []
 
 
 @pytest.mark.slow
@@ -201,4 +170,4 @@ def test_killed_site_stops_the_run_and_keeps_the_draws():
     local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **kw)
     np.testing.assert_allclose(error.result.flat_samples()[0, :made[0]],
                                local.flat_samples()[0, :made[0]], rtol=0, atol=1e-5)
-    assert _flower_processes() == []
+    assert flower_processes() == []
