@@ -5,7 +5,8 @@ One *round* = one DSGLD visit: the driver sends a chain's position to one client
 visit's draws. The same run (3 clients, logistic regression, d = 10, 200 rows per client, one
 chain, the same seed) on three engines:
 
-* ``local``  -- the in-process engine (no messages): time per visit = sampling time / visits;
+* ``local``  -- the in-process engine (no messages): time per visit = the difference of the
+                wall times of two runs (10 and 50 visits at --quick) / the visits between;
 * ``ray``    -- one Ray actor per client on a local loopback instance;
 * ``flower`` -- a SuperLink and one site per client on loopback (``engine="flower"`` with no
                 address), Flower 1.42.
@@ -66,13 +67,16 @@ def main() -> None:
     import warnings
 
     warnings.simplefilter("ignore", fm.ConvergenceWarning)
-    run("local", visits)  # compile once: the second run is the timed one
+    run("local", visits)  # compile once: the runs below are the timed ones
     local, local_wall = run("local", visits)
-    step_seconds = local_wall / (visits * LOCAL_STEPS)
+    _, longer_wall = run("local", 5 * visits)
+    # a run's fixed costs (set-up, diagnostics) cancel in the difference of two lengths
+    visit_seconds = max(longer_wall - local_wall, 0.0) / (4 * visits)
+    step_seconds = max(visit_seconds / LOCAL_STEPS, 1e-9)
     ray_result, ray_wall = run("ray", visits, visit_timeout=300)
     flower_result, flower_wall = run("flower", visits, visit_timeout=300)
     np.testing.assert_allclose(flower_result.flat_samples(), local.flat_samples(), atol=1e-4)
-    rows = [("local", local_wall / visits, local_wall, 0.0),
+    rows = [("local", visit_seconds, local_wall, 0.0),
             ("ray", ray_result.info["mean_visit_seconds"], ray_wall,
              ray_result.info["setup_time"]),
             ("flower", flower_result.info["mean_visit_seconds"], flower_wall,

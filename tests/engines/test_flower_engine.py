@@ -172,3 +172,23 @@ def test_killed_site_stops_the_run_and_keeps_the_draws():
     np.testing.assert_allclose(error.result.flat_samples()[0, :made[0]],
                                local.flat_samples()[0, :made[0]], rtol=0, atol=1e-5)
     assert flower_processes() == []
+
+
+def test_site_data_calls_the_sites_own_function_and_names_what_is_missing():
+    """SiteData travels as its name; on a site it calls the function the site registered
+    (--data NAME=module:function), elsewhere it raises naming the data."""
+    import pickle
+
+    from fedmcmc.engines import flower_site
+
+    data = pickle.loads(pickle.dumps(flower_site.SiteData("toy_rows")))
+    with pytest.raises(ValueError, match="no data named 'toy_rows'"):
+        data()
+    try:
+        assert flower_site.register_data("toy_rows=toy_problems:gaussian_federation") == \
+            "toy_rows"
+        assert data().num_clients == 4  # the registered function, called here
+    finally:
+        flower_site._SITE_SOURCES.clear()
+    with pytest.raises(ValueError, match="NAME=module:function"):
+        flower_site.register_data("toy_rows")
