@@ -19,15 +19,16 @@ The messages (:func:`encode_request`) carry one pickled request each in a
 :class:`flwr.app.ConfigRecord` (bytes): ``create`` builds a client endpoint from the
 ``(EndpointClass, args)`` the driver sends (its loader, ``Federation.from_loaders``, is
 called here, in this process: no row leaves the site), ``call`` runs one of its methods
-and replies with the return value, ``hello`` names the site. A site keeps the endpoints of its
-last :data:`KEPT_RUNS` runs. Executing what the driver sends is what a ClientApp is (Flower's FAB runs the
-server's code too): a site trusts the driver it lets in; the SuperLink's TLS and SuperNode
-authentication keep everyone else out (docs/guide/deploying-across-organisations.md).
+and replies with the return value, ``hello`` names the site. A site keeps the endpoints of
+its last :data:`KEPT_RUNS` runs. Executing what the driver sends is what a ClientApp is
+(Flower's FAB runs the server's code too): a site trusts the driver it lets in; TLS, SuperNode
+authentication and a restricted port keep everyone else out
+(docs/guide/deploying-across-organisations.md).
 
 Data the site holds already: ``--data NAME=module:function`` registers a zero-argument
-function of the site's own code; a federation names it with :class:`SiteData` (``
-fm.Federation.from_loaders([SiteData("NAME"), ...])``) and the site calls its own function:
-it never runs a loader it did not write.
+function of the site's own code; a federation names it with :class:`SiteData`
+(``fm.Federation.from_loaders([SiteData("NAME"), ...])``) and the site calls its own
+function: it never runs a loader it did not write.
 """
 
 from __future__ import annotations

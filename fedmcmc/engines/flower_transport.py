@@ -207,8 +207,8 @@ class FlowerTransport(Transport):
                 raise ClientFailure(pending.client, "no answer within 60 s")
         reply = self._replies.pop(handle, None)
         if reply is None:
-            raise ClientFailure(pending.client,
-                                f"site {site!r}'s process ended (node {self.node_of[pending.client]})")
+            node = self.node_of[pending.client]
+            raise ClientFailure(pending.client, f"site {site!r}'s process ended (node {node})")
         status, value = decode_reply(reply)
         if status != "ok":
             raise ClientFailure(pending.client, value)
