@@ -78,10 +78,10 @@ FLOWER_OPTIONS = ("flower_address", "flower_root_certificates", "flower_insecure
 
 #: the per-visit latency of Flower 1.42 on loopback (``info["mean_visit_seconds"]`` of DSGLD
 #: with 3 sites and one chain, visits that compute in milliseconds), measured on the 2-core
-#: development machine under load: 3.1 s and 3.6 s by ``benchmarks/bench_flower.py --quick``,
-#: 3.6 s and 4.0 s in the tests' runs. The number the refusal of round-per-event algorithms
-#: quotes
-FLOWER_ROUND_SECONDS = 3.5
+#: development machine under load: 2.6 s, 3.1 s and 3.6 s by ``benchmarks/bench_flower.py
+#: --quick``, 3.6 s and 4.0 s in the tests' runs (Ray: 1.4 ms; local: 0.9 ms). The number the
+#: refusal of round-per-event algorithms quotes
+FLOWER_ROUND_SECONDS = 3.0
 
 
 class FlowerLatencyError(ValueError):
