@@ -67,7 +67,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
-from .flower_site import free_port, site_command, start_child, wait_for_port  # noqa: E402
+from .flower_site import (flower_program, free_port, site_command, start_child,  # noqa: E402
+                          wait_for_port)
 
 __all__ = ["flower_transports", "FlowerLink", "LocalFlowerFederation", "FLOWER_OPTIONS",
            "FlowerLatencyError", "refuse_flower", "FLOWER_ROUND_SECONDS", "import_flower"]
@@ -329,8 +330,7 @@ class LocalFlowerFederation:
     def _start(self, command: Sequence[str], name: str):
         log = os.path.join(self.log_dir, f"{name}.log") if self.log_dir else None
         if command[0].startswith("flower-"):
-            command = [os.path.join(os.path.dirname(sys.executable), command[0]),
-                       *command[1:]]
+            command = [flower_program(command[0]), *command[1:]]
         # the sites import what this process can (the modules of its loaders and models,
         # as a local Ray instance's workers do): its sys.path
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(

@@ -303,13 +303,21 @@ def wait_for_port(host: str, port: int, timeout: float, process=None, what: str 
         time.sleep(0.1)
 
 
+def flower_program(name: str) -> str:
+    """Flower's command ``name`` of this interpreter's environment (beside ``sys.executable``,
+    where pip installs it), else as found on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    return beside if os.path.exists(beside) else name
+
+
 def supernode_command(superlink: str, site: str, runtime_port: int, *, insecure: bool,
                       root_certificates: Optional[str] = None,
                       private_key: Optional[str] = None,
                       superexec_auth_secret_file: Optional[str] = None) -> list:
     """The ``flower-supernode`` command of a site: process isolation (this module executes
     its tasks), its Runtime API on loopback, ``site=NAME`` in its node configuration."""
-    command = ["flower-supernode", "--superlink", superlink, "--isolation", "process",
+    command = [flower_program("flower-supernode"), "--superlink", superlink,
+               "--isolation", "process",
                "--host", "127.0.0.1", "--port", str(int(runtime_port)),
                "--node-config", f'site="{site}"']
     if insecure:

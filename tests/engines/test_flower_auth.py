@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("flwr", reason="engine='flower' needs flwr (pip install 'fedmcmc[flower]')")
 
 import fedmcmc as fm  # noqa: E402
-from fedmcmc.engines.flower_site import (free_port, site_command, start_child,  # noqa: E402
-                                          wait_for_port)
+from fedmcmc.engines.flower_site import (flower_program, free_port, site_command,  # noqa: E402
+                                          start_child, wait_for_port)
 
 from certificates import openssl_certificate  # noqa: E402
 from flower_processes import flower_processes  # noqa: E402
@@ -66,9 +66,9 @@ def test_unregistered_site_is_refused_and_a_registered_one_runs(tmp_path):
     processes = []
     try:
         processes.append(start_child(
-            ["flower-superlink", "--isolation", "process", "--host", "127.0.0.1", "--port",
-             str(port), "--ssl-ca-certfile", certificate, "--ssl-certfile", certificate,
-             "--ssl-keyfile", key, "--enable-supernode-auth",
+            [flower_program("flower-superlink"), "--isolation", "process", "--host",
+             "127.0.0.1", "--port", str(port), "--ssl-ca-certfile", certificate,
+             "--ssl-certfile", certificate, "--ssl-keyfile", key, "--enable-supernode-auth",
              "--disable-runtime-dependency-installation"], str(tmp_path / "superlink.log")))
         wait_for_port("127.0.0.1", port, 600.0, processes[0], "flower-superlink")
         private_key, public_key = _site_keys(str(tmp_path))
