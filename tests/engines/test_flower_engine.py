@@ -154,6 +154,7 @@ def test_killed_site_stops_the_run_and_keeps_the_draws():
     algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
     killed = []
     before = set(flower_engine._LIVE_FEDERATIONS)  # the module's running federation, say
+    running_before = set(flower_processes())
 
     def kill_site_1(*_):
         if not killed:
@@ -172,7 +173,7 @@ def test_killed_site_stops_the_run_and_keeps_the_draws():
     local = fm.sample(GAUSSIAN_MODEL, federation, algorithm, **kw)
     np.testing.assert_allclose(error.result.flat_samples()[0, :made[0]],
                                local.flat_samples()[0, :made[0]], rtol=0, atol=1e-5)
-    assert flower_processes() == []
+    assert set(flower_processes()) <= running_before  # the run's own processes all ended
 
 
 def test_site_data_calls_the_sites_own_function_and_names_what_is_missing():
