@@ -28,7 +28,11 @@ and the broadcast baselines (FA-LD, QLSD, Consensus MC) amortise it over ``local
 Fed-PDMC (a message round per event) and the decentralised algorithms (a neighbour exchange
 per iteration) are refused with a ``ValueError`` that points to ``engine="ray"``.
 
-Options of ``fm.sample(..., engine="flower", **options)`` (besides ``visit_timeout``,
+The engine is :class:`FlowerEngine` (``fm.FlowerEngine``), a
+:class:`~fedmcmc.engines.engine.ProtocolEngine` carrying the patterns ``"handoff"`` and
+``"broadcast"`` (an algorithm of another pattern is refused by ``fm.sample`` with
+:class:`FlowerLatencyError`); ``fm.sample(..., engine="flower", **options)`` builds one from
+the options below (``flower_<argument>`` sets its ``<argument>``; besides ``visit_timeout``,
 ``on_client_failure``, ``audit_messages``, ``fault_injection`` shared with Ray):
 
 ``flower_address``
