@@ -9,6 +9,7 @@ from . import cache  # noqa: F401 - first: switches on the persistent compilatio
 from . import datasets, diagnostics, models, partition, surrogates
 from .api import sample
 from .engines.engine import LocalEngine
+from .engines.flower_engine import FlowerEngine
 from .engines.ray_engine import RayEngine
 from . import convergence, run_length
 from .convergence import ConvergenceCheck, ConvergenceWarning
@@ -35,6 +36,7 @@ __all__ = [
     "sample",
     "LocalEngine",
     "RayEngine",
+    "FlowerEngine",
     "Result",
     "SamplingDivergedError",
     "Privacy",

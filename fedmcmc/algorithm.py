@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, Optional
 
 __all__ = ["Algorithm", "check_positive_int", "check_positive_float", "check_nonnegative_int"]
 
@@ -61,6 +61,11 @@ class Algorithm:
     name: str = "algorithm"
     #: whether the algorithm offers :meth:`sample_distributed`
     message_passing: bool = False
+    #: the communication pattern of :meth:`sample_distributed`, a key of
+    #: :data:`fedmcmc.engines.engine.PATTERNS` (``"handoff"``, ``"broadcast"``,
+    #: ``"event_rounds"``, ``"neighbour_exchange"``): an engine that does not carry it refuses
+    #: the algorithm before anything starts. ``None``: undeclared (every engine runs it)
+    message_pattern: Optional[str] = None
 
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
                      seed, progress, **options):  # pragma: no cover - interface

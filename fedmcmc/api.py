@@ -9,7 +9,8 @@ from . import convergence as convergence_module
 from . import run_length
 from .algorithm import Algorithm, check_positive_int
 from .engines.engine import Engine, LocalEngine
-from .engines.options import ENGINE_OPTIONS, RAY_ONLY_OPTIONS
+from .engines.flower_engine import FlowerEngine
+from .engines.options import ENGINE_OPTIONS, FLOWER_ONLY_OPTIONS, RAY_ONLY_OPTIONS
 from .engines.ray_engine import RayEngine
 from .federation import Federation
 from .model import Model
@@ -18,13 +19,19 @@ from .results import Result
 __all__ = ["sample", "resolve_engine"]
 
 #: the engines ``engine=`` names by a string (shorthands for the engine objects)
-ENGINES = ("local", "ray")
+ENGINES = ("local", "ray", "flower")
+
+#: the options of the other engines that each shorthand refuses (``FlowerEngine.from_options``
+#: refuses Ray's itself)
+_FOREIGN_OPTIONS = {"local": (("Ray", RAY_ONLY_OPTIONS), ("Flower", FLOWER_ONLY_OPTIONS)),
+                    "ray": (("Flower", FLOWER_ONLY_OPTIONS),)}
 
 
 def resolve_engine(engine: Any, options: dict) -> Engine:
     """The engine object of ``fm.sample(..., engine=engine, **options)``: ``engine`` itself
-    when it is a :class:`~fedmcmc.engines.engine.Engine`; for ``"ray"``, a
-    :class:`~fedmcmc.engines.ray_engine.RayEngine` built from the engine options among
+    when it is a :class:`~fedmcmc.engines.engine.Engine`; for ``"ray"`` (``"flower"``), a
+    :class:`~fedmcmc.engines.ray_engine.RayEngine`
+    (:class:`~fedmcmc.engines.flower_engine.FlowerEngine`) built from the engine options among
     ``options`` (removed from it: what stays are the algorithm's); for ``"local"``,
     :class:`~fedmcmc.engines.engine.LocalEngine` (``options`` untouched: the algorithm
     refuses what it does not take). ``ValueError`` naming ``engine`` otherwise."""
@@ -35,14 +42,18 @@ def resolve_engine(engine: Any, options: dict) -> Engine:
                 f"{given[0]} is an engine option: with engine={engine!r} set it on the "
                 f"engine object ({type(engine).__name__}({given[0]}=...)), not in fm.sample")
         return engine
+    for label, only in _FOREIGN_OPTIONS.get(engine if isinstance(engine, str) else "", ()):
+        given = [k for k in only if options.get(k) not in (None, False, 0)]
+        if given:
+            raise ValueError(f"{given[0]} is a {label} option; engine={engine!r} takes none")
     if isinstance(engine, str) and engine == "local":
-        ray_only = [k for k in RAY_ONLY_OPTIONS if options.get(k) not in (None, False, 0)]
-        if ray_only:
-            raise ValueError(f"{ray_only[0]} is a Ray option; engine='local' takes none")
         return LocalEngine()
     if isinstance(engine, str) and engine == "ray":
         return RayEngine.from_options({k: options.pop(k) for k in ENGINE_OPTIONS
-                                       if k in options})
+                                       if k in options and k not in FLOWER_ONLY_OPTIONS})
+    if isinstance(engine, str) and engine == "flower":
+        return FlowerEngine.from_options({k: options.pop(k) for k in ENGINE_OPTIONS
+                                          if k in options})
     raise ValueError(
         f"engine must be one of {ENGINES} or an engine object such as fm.RayEngine(...), "
         f"got {engine!r}")
@@ -97,9 +108,12 @@ def sample(
     engine:
         Where the clients live: ``"local"`` or ``fm.LocalEngine()`` (default; every client
         simulated in this process), ``"ray"`` or ``fm.RayEngine(...)`` (client endpoints
-        in Ray actors; :class:`fedmcmc.engines.ray_engine.RayEngine` lists its options).
-        With ``"ray"`` the engine's keyword options (``ray_address``, ``visit_timeout``,
-        ``clients_per_actor``, ...) may be given among ``**options``.
+        in Ray actors; :class:`fedmcmc.engines.ray_engine.RayEngine` lists its options),
+        ``"flower"`` or ``fm.FlowerEngine(...)`` (client endpoints on Flower SuperNodes, one
+        per site, for sites of different organisations; the hand-off and broadcast
+        algorithms only). With ``"ray"`` (``"flower"``) the engine's keyword options
+        (``ray_address``, ``visit_timeout``, ``clients_per_actor``, ...; ``flower_address``,
+        ``flower_root_certificates``, ...) may be given among ``**options``.
     progress:
         Show a progress bar; ``None`` shows it when stderr is a terminal.
     max_iterations:
@@ -150,8 +164,13 @@ def sample(
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     engine = resolve_engine(engine, options)
+    refusal = engine.refusal(algorithm)  # a message pattern the engine does not carry
+    if refusal is not None:
+        raise refusal
     if not engine.offered_by(algorithm):
-        available = tuple(name for name, offered in (("local", LocalEngine()), ("ray", RayEngine()))
+        available = tuple(name for name, offered in (("local", LocalEngine()),
+                                                     ("ray", RayEngine()),
+                                                     ("flower", FlowerEngine()))
                           if offered.offered_by(algorithm))
         raise ValueError(
             f"engine={engine.label!r} is not available for {type(algorithm).__name__}; "

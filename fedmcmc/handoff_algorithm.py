@@ -46,6 +46,8 @@ class HandoffAlgorithm(Algorithm):
 
     #: runs on the in-process engine and on every message-passing engine
     message_passing = True
+    #: one message per visit of a chain to a client (``fedmcmc.engines.engine.PATTERNS``)
+    message_pattern = "handoff"
 
     def __init__(self, protocol: HandoffProtocol):
         if not isinstance(protocol, HandoffProtocol):

@@ -74,6 +74,8 @@ class _Baseline(Algorithm):
     supports_run_request: bool = True
     #: every baseline has a message-passing run (:meth:`sample_distributed`)
     message_passing: bool = True
+    #: a broadcast-and-gather round per round of local steps (``engines.engine.PATTERNS``)
+    message_pattern = "broadcast"
 
     def sample_distributed(self, model, federation, engine, *, init, num_samples, burn_in,
                            thin, chains, seed, progress, run_request=None, **options):

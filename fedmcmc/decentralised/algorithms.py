@@ -135,6 +135,8 @@ class _Decentralised(Algorithm):
     #: the neighbour-exchange run (:meth:`sample_distributed`; on Ray one actor per agent,
     #: neighbour messages actor to actor)
     message_passing = True
+    #: a neighbour exchange every iteration (``fedmcmc.engines.engine.PATTERNS``)
+    message_pattern = "neighbour_exchange"
     divergence_threshold: float = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS`` on the local
     #: engine (on engine="ray" the callbacks are accepted but not called, and resuming is

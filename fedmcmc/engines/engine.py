@@ -32,7 +32,18 @@ from ..algorithm import check_positive_float
 from .comm import InProcessTransport, Transport
 from .options import ENGINE_OPTIONS, check_engine_options
 
-__all__ = ["Engine", "LocalEngine", "ProtocolEngine", "InProcessEngine"]
+__all__ = ["Engine", "LocalEngine", "ProtocolEngine", "InProcessEngine", "PATTERNS"]
+
+
+#: The communication patterns of the message-passing runs, by the name an algorithm declares
+#: (``Algorithm.message_pattern``), each with the messages it needs: what an engine that does
+#: not carry the pattern (``ProtocolEngine.patterns``) quotes when it refuses the algorithm.
+PATTERNS = {
+    "handoff": "one message per visit of a chain to a client (local_steps iterations each)",
+    "broadcast": "a broadcast-and-gather round with the clients per round of local steps",
+    "event_rounds": "a broadcast-and-gather round with every worker per event",
+    "neighbour_exchange": "a neighbour exchange between agents every iteration",
+}
 
 
 class Engine:
@@ -47,6 +58,11 @@ class Engine:
     def offered_by(self, algorithm) -> bool:
         """Whether ``algorithm`` exports what this engine runs."""
         raise NotImplementedError
+
+    def refusal(self, algorithm) -> Optional[ValueError]:
+        """The error ``fm.sample`` raises before anything starts when this engine could run
+        ``algorithm`` but will not (a message pattern it does not carry); ``None``: none."""
+        return None
 
     def sample(self, algorithm, model, federation, **run):
         """Run ``algorithm`` (``run``: ``init``, ``num_samples``, ``burn_in``, ``thin``,
@@ -105,8 +121,31 @@ class ProtocolEngine(Engine):
             raise ValueError(f"fault_injection must be a dict, got {fault_injection!r}")
         self.fault_injection = fault_injection
 
+    #: the communication patterns (:data:`PATTERNS`) this engine carries; ``None``: every
+    #: one. An algorithm whose ``message_pattern`` is not among them is refused
+    #: (:meth:`refusal`); one that declares none runs.
+    patterns: Optional[frozenset] = None
+
+    def carries(self, algorithm) -> bool:
+        """Whether this engine carries ``algorithm``'s ``message_pattern``."""
+        pattern = getattr(algorithm, "message_pattern", None)
+        return self.patterns is None or pattern is None or pattern in self.patterns
+
     def offered_by(self, algorithm) -> bool:
-        return bool(getattr(algorithm, "message_passing", False))
+        return bool(getattr(algorithm, "message_passing", False)) and self.carries(algorithm)
+
+    def refusal(self, algorithm) -> Optional[ValueError]:
+        if not getattr(algorithm, "message_passing", False) or self.carries(algorithm):
+            return None
+        return self.pattern_refusal(type(algorithm).__name__,
+                                    PATTERNS.get(algorithm.message_pattern,
+                                                 algorithm.message_pattern))
+
+    def pattern_refusal(self, name: str, needs: str) -> ValueError:
+        """The error refusing algorithm ``name``, which needs ``needs`` (a
+        :data:`PATTERNS` description) that this engine does not carry."""
+        return ValueError(f"engine={self.label!r} is not available for {name}: it needs "
+                          f"{needs}, which this engine does not carry")
 
     def sample(self, algorithm, model, federation, **run):
         return algorithm.sample_distributed(model, federation, self, **run)

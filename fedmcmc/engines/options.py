@@ -32,6 +32,14 @@ ENGINE_OPTIONS = (
     # testing only: {"client": s, "after_visits": k, "kind": "exit" | "hang"[, "seconds": t]}
     # makes client s die (os._exit) or hang during its (k+1)-th visit
     "fault_injection",
+    # engine="flower" (flower_engine.py)
+    "flower_address",
+    "flower_root_certificates",
+    "flower_insecure",
+    "flower_superexec_auth_secret_file",
+    "flower_sites",
+    "flower_connect_timeout",
+    "flower_log_dir",
 )
 
 
@@ -44,6 +52,12 @@ PROTOCOL_RUN_OPTIONS = ("chunk_size", "on_draws")
 RAY_ONLY_OPTIONS = ("ray_address", "ray_init_options", "client_resources", "client_num_cpus",
                     "clients_per_actor", "reuse_actors", "direct_channel", "channel_ports",
                     "allow_unauthenticated_cluster")
+
+
+#: the options that only the Flower engine reads
+FLOWER_ONLY_OPTIONS = ("flower_address", "flower_root_certificates", "flower_insecure",
+                       "flower_superexec_auth_secret_file", "flower_sites",
+                       "flower_connect_timeout", "flower_log_dir")
 
 
 def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray") -> Dict[str, Any]:
@@ -66,10 +80,15 @@ def check_engine_options(options: Dict[str, Any], name: str, engine: str = "ray"
             f"options {used} (resume) are not supported with engine={engine!r} for {name}; "
             "use engine='local' with an algorithm of the package"
         )
-    if engine == "local":
+    if engine != "ray":
         ray_only = [k for k in RAY_ONLY_OPTIONS if options.get(k) not in (None, False, 0)]
         if ray_only:
-            raise ValueError(f"{ray_only[0]} is a Ray option; engine='local' takes none")
+            raise ValueError(f"{ray_only[0]} is a Ray option; engine={engine!r} takes none")
+    if engine != "flower":
+        flower_only = [k for k in FLOWER_ONLY_OPTIONS if options.get(k) not in (None, False)]
+        if flower_only:
+            raise ValueError(f"{flower_only[0]} is a Flower option; engine={engine!r} "
+                             "takes none")
     out = {k: options[k] for k in ENGINE_OPTIONS if k in options}
     run = split_run_options({k: options[k] for k in PROTOCOL_RUN_OPTIONS if k in options}, name)
     out.update({k: run[k] for k in PROTOCOL_RUN_OPTIONS if run.get(k) is not None})

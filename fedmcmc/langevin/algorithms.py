@@ -424,6 +424,8 @@ class DSGLD(_LangevinAlgorithm):
     #: the hand-off protocol (:meth:`handoff_protocol`) on a message-passing engine (Ray:
     #: client endpoints in actors, ``fedmcmc.engines.ray_engine``)
     message_passing = True
+    #: one message per visit of a chain to a client (``fedmcmc.engines.engine.PATTERNS``)
+    message_pattern = "handoff"
     #: ``fm.sample`` passes ``run_request``: thin / burn_in "auto", the budget of "auto" h
     supports_run_request = True
 

@@ -220,6 +220,8 @@ class _FedPDMP(Algorithm):
     spec: Any = None
     #: the broadcast-and-gather run (:meth:`sample_distributed`; on Ray one actor per worker)
     message_passing = True
+    #: a broadcast-and-gather round with every worker per event (``engines.engine.PATTERNS``)
+    message_pattern = "event_rounds"
     divergence_threshold = 1e10
     #: accepts the generic run options of ``fedmcmc.checkpoint.RUN_OPTIONS``
     #: (``start_draw``, ``resume_state``, ``on_chunk``, ``on_draws``, ``chunk_size``)

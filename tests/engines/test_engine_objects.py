@@ -100,11 +100,13 @@ def test_the_engine_object_runs_what_the_algorithm_exports():
 
 def test_no_family_branches_on_an_engine_name():
     """The families export their runs; fm.sample chose the engine (``engine ==`` or a
-    ``"ray"`` literal in a family would be a second dispatch)."""
+    ``"ray"``/``"flower"`` literal in a family would be a second dispatch; an engine refuses
+    an algorithm by the ``message_pattern`` it declares)."""
     found = []
     for family in ("langevin", "pdmp", "decentralised", "baselines"):
         for path in sorted((ROOT / "fedmcmc" / family).glob("*.py")):
             for number, line in enumerate(path.read_text().splitlines(), 1):
-                if re.search(r'engine\w*\s*[!=]=|[!=]=\s*"ray"|"ray"\s*[!=]=|"ray"\)', line):
+                if re.search(r'engine\w*\s*[!=]=|[!=]=\s*"(ray|flower)"|"(ray|flower)"\s*[!=]='
+                             r'|"(ray|flower)"\)|flower', line, flags=re.IGNORECASE):
                     found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert found == []
