@@ -331,3 +331,36 @@ def test_private_qlsd_with_no_extra_noise_samples_the_non_private_law(monkeypatc
     draws, _ = _qlsd_law(True)
     broken = check_gaussian_moments(draws, mean, stationary, var_ess=ess_of_variance(draws))
     assert not broken["ok"], broken
+
+
+def test_a_scheduled_run_that_visits_a_client_more_than_planned_never_reports_above_budget(
+        monkeypatch):
+    """DSGLD plans each client's visits at a quantile of their Binomial law; planned at the
+    median instead (SCHEDULE_TAIL = 0.5), a client is visited more often than planned and its
+    epsilon, as made, would exceed the budget. The run then stops at its last draw within the
+    budget: the draws kept are the first draws of the full run, their epsilon within it."""
+    monkeypatch.setattr(privacy, "SCHEDULE_TAIL", 0.5)
+    model, fed = _regression(num_clients=3, rows=60)
+    target, num_samples = 0.5, 8
+    algorithm = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=3,
+                         privacy=fm.Privacy(epsilon=target, delta=1e-5, clip_norm=2.0))
+    run = dict(init=jnp.zeros(2), burn_in=4, thin=1, chains=2, seed=0)
+    with pytest.raises(fm.PrivacyBudgetExceeded, match="more often than planned") as caught:
+        fm.sample(model, fed, algorithm=algorithm, num_samples=num_samples, **run)
+    kept = caught.value.result
+    info = kept.info["privacy"]
+    draws = info["draws_within_budget"]
+    assert 0 < draws < num_samples and np.shape(kept.samples)[:2] == (2, draws)
+    assert max(info["epsilon"]) <= target
+    assert info["steps"] == [v * 3 for v in kept.info["visits_per_client"]]
+    # the kept draws are the full run's first ones (with the schedule's noise, not the
+    # schedule's quantile, the full run would overspend)
+    monkeypatch.setattr(privacy, "SCHEDULE_TAIL", 1e-6)
+    plain = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=3, privacy=fm.Privacy(
+        noise_multiplier=info["noise_multiplier"][0], clip_norm=2.0, delta=1e-5))
+    longer = fm.sample(model, fed, algorithm=plain, num_samples=draws + 1, **run)
+    assert info["noise_multiplier"] == [info["noise_multiplier"][0]] * 3  # equal clients
+    np.testing.assert_array_equal(np.asarray(longer.samples)[:, :draws],
+                                  np.asarray(kept.samples))
+    assert max(privacy.epsilon_of_steps(z, 60, 10, t, 1e-5) for z, t in zip(
+        info["noise_multiplier"], longer.info["privacy"]["steps"])) > target
