@@ -1,18 +1,23 @@
 """The cost of differential privacy in accuracy (issue 47; docs/guide/privacy.md's table).
 
 On the exam-schools federation (mlmRev Exam, 65 schools, linear regression, exact
-posterior), SGLD and DSGLD without privacy and at epsilon 1 and 8 (delta 1e-5, clip norm
-``--clip``): the largest |z| of the posterior means and the range of the sd ratios against
-the exact posterior, the noise inflation the budget needed and the largest per-client
-epsilon spent. The step size, thin and burn-in are those of a non-private ``"auto"`` run
-(for the table only: a private deployment must choose h without reading the rows).
+posterior), each family (``--algorithms``: SGLD, DSGLD, FSGLD, FALD, QLSD) without privacy
+and at epsilon 8 and 1 (delta 1e-5, clip norm ``--clip``): the largest |z| of the posterior
+means and the range of the sd ratios against the exact posterior, the noise inflation the
+budget needed and the largest per-client epsilon spent. The step size, thin and burn-in are
+those of a non-private ``"auto"`` run, and FSGLD's private runs are given the clients'
+Laplace surrogates as precomputed ``(precision, shift)`` (for the table only: a private
+deployment must choose h without reading the rows, and take its surrogates from public
+data).
 
-    python benchmarks/bench_privacy.py [--samples 1000] [--clip 2.0]
+    python benchmarks/bench_privacy.py [--samples 1000] [--clip 2.0] [--algorithms SGLD,DSGLD]
+        [--epsilons 8,1] [--settings-from DSGLD]
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 import warnings
 
 import numpy as np
@@ -26,6 +31,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--clip", type=float, default=2.0)
     parser.add_argument("--chains", type=int, default=4)
+    parser.add_argument("--algorithms", default="SGLD,DSGLD,FSGLD,FALD,QLSD",
+                        help="comma-separated, of SGLD, DSGLD, FSGLD, FALD, QLSD")
+    parser.add_argument("--epsilons", default="8,1", help="comma-separated budgets")
+    parser.add_argument("--settings-from", default=None,
+                        help="take h, thin and burn-in from this algorithm's non-private "
+                             "'auto' run (and leave out the non-private row)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     instance = problems.get("exam-schools").build()
@@ -33,22 +44,42 @@ def main() -> None:
                                        method=instance.reference_method, num_samples=20000,
                                        chains=4)
     mean, sd = np.asarray(reference.mean), np.asarray(reference.sd)
+    surrogates = fm.FSGLD(step_size=1e-6, batch_size=20, local_steps=10).fit_surrogates(
+        instance.model, instance.federation, instance.init)
+    given = (np.asarray(surrogates.precision), np.asarray(surrogates.shift))
+    families = {
+        "SGLD": lambda private, **k: fm.SGLD(batch_size=20, **k),
+        "DSGLD": lambda private, **k: fm.DSGLD(batch_size=20, local_steps=10, **k),
+        # the private runs: the Laplace surrogates given, no trust region (privacy refuses it)
+        "FSGLD": lambda private, **k: fm.FSGLD(
+            batch_size=20, local_steps=10,
+            **(dict(surrogate=given, trust_radius=None) if private else {}), **k),
+        "FALD": lambda private, **k: fm.FALD(batch_size=20, local_steps=10, **k),
+        "QLSD": lambda private, **k: fm.QLSD(batch_size=20, **k),
+    }
+    chosen = [name.strip() for name in args.algorithms.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(families))
+    if unknown:
+        raise ValueError(f"--algorithms: unknown {unknown}, choose among {sorted(families)}")
     rows = []
-    for name, make in (("SGLD", lambda **k: fm.SGLD(batch_size=20, **k)),
-                       ("DSGLD", lambda **k: fm.DSGLD(batch_size=20, local_steps=10, **k))):
-        plain = fm.sample(instance.model, instance.federation, make(step_size="auto"),
+    for name in chosen:
+        make = families[name]
+        started = time.perf_counter()
+        source = families[args.settings_from] if args.settings_from else make
+        plain = fm.sample(instance.model, instance.federation, source(False, step_size="auto"),
                           init=instance.init, num_samples=args.samples, burn_in="auto",
                           thin="auto", chains=args.chains, seed=1, progress=False)
         h, thin, burn_in = (float(plain.info["step_size"]), int(plain.info["thin"]),
                             int(plain.info["burn_in"]))
-        for epsilon in (None, 8.0, 1.0):
+        budgets = [float(e) for e in args.epsilons.split(",") if e.strip()]
+        for epsilon in ([] if args.settings_from else [None]) + budgets:
             if epsilon is None:
                 result = plain
             else:
                 result = fm.sample(
                     instance.model, instance.federation,
-                    make(step_size=h, privacy=fm.Privacy(epsilon=epsilon, delta=1e-5,
-                                                         clip_norm=args.clip)),
+                    make(True, step_size=h, privacy=fm.Privacy(
+                        epsilon=epsilon, delta=1e-5, clip_norm=args.clip)),
                     init=instance.init, num_samples=args.samples, burn_in=burn_in, thin=thin,
                     chains=args.chains, seed=1, progress=False)
             draws = result.flat_samples().reshape(-1, instance.dim)
@@ -59,7 +90,7 @@ def main() -> None:
                          f"{np.max(np.abs(z)):.2f}", f"{ratio.min():.2f}-{ratio.max():.2f}",
                          "-" if p is None else f"{max(p['noise_inflation']):.2f}",
                          "-" if p is None else f"{max(p['epsilon']):.2f}", f"{h:.3g}"))
-            print(rows[-1], flush=True)
+            print(rows[-1], f"{time.perf_counter() - started:.0f} s", flush=True)
     print("\n| algorithm | epsilon | max abs z | sd ratio | noise inflation (max) "
           "| epsilon spent (max) | h |")
     print("|---|---|---|---|---|---|---|")

@@ -42,6 +42,8 @@ delta=...)``): the smallest
 (:func:`calibrate_noise_multiplier`). ``Privacy(noise_multiplier=z)``: that noise (never
 below the Langevin floor), accounted. Both: that noise, and a run longer than the budget
 allows stops at the last draw within it (:class:`PrivacyBudgetExceeded`, with those draws).
+So does a randomly scheduled run whose schedule visits a client more often than planned
+(:func:`run_within_budget`): a run never reports an epsilon above its budget.
 """
 
 from __future__ import annotations
@@ -405,8 +407,15 @@ def run_within_budget(the_plan: PrivacyPlan, *, name: str, num_samples: int,
     """A private run: ``run(n)`` for the ``n`` kept draws the plan allows (all of
     ``num_samples`` unless a given noise meets a budget first), ``result.info["privacy"]`` on
     the steps the run made (``steps_of(result, n)``). Stops with :class:`PrivacyBudgetExceeded`
-    (which keeps the draws) when the budget ends the run early, or when a randomly
-    scheduled run made more steps on a client than planned and overspent."""
+    (which keeps the draws) when the budget ends the run early.
+
+    A randomly scheduled run (DSGLD, FSGLD) can visit a client more often than its plan
+    counts (probability below :data:`SCHEDULE_TAIL` per client); its epsilon would then exceed
+    the budget. Such a run stops at its last draw within the budget instead: ``run(n)`` is the
+    first ``n`` draws of ``run(num_samples)`` (the same seed gives the same chain, schedule
+    included), so the largest ``n`` whose steps, as made, fit (a bisection over re-runs) is
+    what a run that stopped there would have sent. A run's reported epsilon never exceeds the
+    budget."""
     p = the_plan.privacy
     draws = num_samples
     if p.epsilon is not None and p.noise_multiplier is not None:
@@ -416,17 +425,33 @@ def run_within_budget(the_plan: PrivacyPlan, *, name: str, num_samples: int,
                 f"{name}: privacy budget epsilon={p.epsilon} (delta={p.delta}) at "
                 f"noise_multiplier={p.noise_multiplier} does not cover the burn-in and one "
                 "draw; raise the noise or the budget, or shorten the run")
-    result = run(draws)
-    steps = [int(t) for t in steps_of(result, draws)]
-    result.info["privacy"] = report(the_plan, steps, draws_within_budget=draws)
-    if p.epsilon is not None:
+
+    def accounted(n):
+        result = run(n)
+        steps = [int(t) for t in steps_of(result, n)]
+        result.info["privacy"] = report(the_plan, steps, draws_within_budget=n)
+        return result
+
+    def within(result) -> bool:
+        return p.epsilon is None or max(result.info["privacy"]["epsilon"]) <= p.epsilon
+
+    result = accounted(draws)
+    if not within(result):
         over = [s for s, e in enumerate(result.info["privacy"]["epsilon"]) if e > p.epsilon]
-        if over:
-            raise PrivacyBudgetExceeded(
-                f"{name}: the scheduler visited client(s) {over} more often than planned "
-                f"(probability below {SCHEDULE_TAIL} per client): their epsilon "
-                f"{[result.info['privacy']['epsilon'][s] for s in over]} exceeds the budget "
-                f"{p.epsilon}; the draws are in error.result", result)
+        low, kept, high = 0, None, draws  # run(high) overspends; run(low) fits (or low = 0)
+        while high - low > 1:
+            middle = (low + high) // 2
+            candidate = accounted(middle)
+            if within(candidate):
+                low, kept = middle, candidate
+            else:
+                high = middle
+        raise PrivacyBudgetExceeded(
+            f"{name}: the scheduler visited client(s) {over} more often than planned "
+            f"(probability below {SCHEDULE_TAIL} per client): the budget epsilon={p.epsilon} "
+            + (f"ends the run after {low} of {num_samples} draws; they are in error.result"
+               if kept is not None else "does not cover the burn-in and one draw; nothing "
+               "is released (error.result is None)"), kept)
     if draws < num_samples:
         raise PrivacyBudgetExceeded(
             f"{name}: privacy budget epsilon={p.epsilon} (delta={p.delta}) at "

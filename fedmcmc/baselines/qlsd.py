@@ -80,6 +80,7 @@ __all__ = [
     "controlled_gradient",
     "iteration_keys",
     "draws_per_chain",
+    "client_noise_scales",
 ]
 
 
@@ -186,6 +187,15 @@ def controlled_gradient(exact, prior_difference, likelihood_difference, weight):
     return exact + weight * prior_difference + likelihood_difference
 
 
+def client_noise_scales(weights, step_size, noise_inflation):
+    """The standard deviations ``2 sqrt(f_s / h) a_s`` of the Langevin noise a private QLSD's
+    client s adds to H_s (the server's noise moved to the clients, before quantisation).
+    The server moves theta by (h/2) times their sum, so the noise reaching theta has
+    variance (h/2)^2 sum_s 4 f_s a_s^2 / h = h sum_s f_s a_s^2: the Langevin step's h when
+    every a_s = 1 (the f_s sum to one)."""
+    return 2.0 * jnp.sqrt(weights / step_size) * noise_inflation
+
+
 def iteration_keys(key: jax.Array):
     """(minibatch, quantisation, noise) keys of one chain's iteration key."""
     return rng.split_key(key, 3)
@@ -214,7 +224,7 @@ def build_kernel(
     p = _pieces(flat_model, data, weights, batch_size)
     h = device_array(step_size, flat_model.dtype)
     if private is not None:
-        client_noise = 2.0 * jnp.sqrt(p.f / step_size) * private.noise_inflation
+        client_noise = client_noise_scales(p.f, step_size, private.noise_inflation)
 
     def step(key: jax.Array, state: QLSDState) -> QLSDState:
         key_batch, key_quant, key_noise = iteration_keys(key)

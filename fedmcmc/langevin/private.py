@@ -11,7 +11,9 @@ the noise multiplier is therefore (``fedmcmc.privacy.langevin_noise_multiplier``
 
 and a_s = z_s / z_L. Updates per client: SGLD every iteration of every chain; DSGLD and
 FSGLD the updates of the visits the scheduler draws (planned at their 1 - 1e-6 quantile,
-accounted as made: ``local_steps`` per started visit, summed over the chains).
+accounted as made: ``local_steps`` per started visit, summed over the chains; a schedule past
+its plan stops the run at its last draw within the budget,
+:func:`fedmcmc.privacy.run_within_budget`).
 
 What the accountant cannot count is refused (``ValueError`` naming ``privacy``): a step size
 that is ``"auto"`` or a schedule, ``thin`` / ``burn_in`` ``"auto"``, control variates,

@@ -191,3 +191,176 @@ def test_fed_pdmc_per_event_guarantee_composes_over_the_events():
     report = pdmc.composed_report(eps, delta, 2.0, 5.0, [k, k])
     assert report["epsilon"] == [total, total] and report["events"] == [k, k]
     assert report["guarantee"]
+
+
+def _gaussian_means(num_clients=4, rows=10, seed=2):
+    """A conjugate Gaussian: rows y ~ N(theta, I_2), prior N(0, 10^2 I): posterior precision
+    N + 1/100 on each coordinate, mean sum(y) / precision."""
+    rng = np.random.default_rng(seed)
+    clients = [{"y": (rng.normal(size=(rows, 2)) + np.array([0.5, -1.0])).astype(np.float32)}
+               for _ in range(num_clients)]
+    model = fm.Model(log_prior=lambda p: -0.5 * jnp.sum(p ** 2) / 100.0,
+                     log_likelihood=lambda p, e: -0.5 * jnp.sum((e["y"] - p) ** 2))
+    total = np.concatenate([c["y"] for c in clients]).astype(np.float64)
+    precision = total.shape[0] + 1.0 / 100.0
+    return model, fm.Federation(clients), total.sum(axis=0) / precision, precision
+
+
+def test_a_private_fald_run_reports_dp_accountings_epsilon_for_its_events():
+    """FA-LD updates every client at every iteration of every chain: T_s = chains (burn_in +
+    n) thin events SampledWithoutReplacement(N_s, m, Gaussian(z_s)) (a plain Gaussian for the
+    client with fewer rows than m), z_s at least z_L = m_s sqrt(f_s) / (N_s C sqrt(h))."""
+    rng = np.random.default_rng(4)
+    sizes = (60, 30, 8)  # the last client has fewer rows than the batch: full batch
+    clients = []
+    for rows in sizes:
+        x = rng.normal(size=(rows, 2)).astype(np.float32)
+        clients.append({"x": x, "y": (x @ np.array([1.0, -1.0])
+                                      + rng.normal(size=rows)).astype(np.float32)})
+    model, _ = _regression()
+    fed = fm.Federation(clients)
+    h, m, local_steps, clip, z, delta = 1e-3, 10, 4, 2.0, 3.0, 1e-6
+    chains, burn_in, num_samples, thin = 2, 6, 20, 3
+    algorithm = fm.FALD(h, m, local_steps, privacy=fm.Privacy(
+        noise_multiplier=z, clip_norm=clip, delta=delta))
+    result = fm.sample(model, fed, algorithm=algorithm, init=jnp.zeros(2),
+                       num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
+                       seed=5)
+    info = result.info["privacy"]
+    iterations = (burn_in + num_samples) * thin  # per chain
+    # the steps counted are those the run made: its rounds start every local_steps iterations
+    assert result.info["rounds_per_chain"] == [-(-iterations // local_steps)] * chains
+    assert info["steps"] == [chains * iterations] * len(sizes)
+    weights = np.asarray(fed.weights, np.float64)
+    for s, (rows, f) in enumerate(zip(sizes, weights)):
+        batch = min(m, rows)
+        floor = batch * math.sqrt(f) / (rows * clip * math.sqrt(h))
+        assert info["langevin_noise_multiplier"][s] == pytest.approx(floor, rel=1e-6)
+        assert info["noise_multiplier"][s] == pytest.approx(max(z, floor), rel=1e-9)
+        gaussian = dp_accounting.GaussianDpEvent(info["noise_multiplier"][s])
+        event = gaussian if batch == rows else dp_accounting.SampledWithoutReplacementDpEvent(
+            rows, batch, gaussian)
+        accountant = rdp.RdpAccountant(list(privacy.RDP_ORDERS),
+                                       dp_accounting.NeighboringRelation.REPLACE_ONE)
+        accountant.compose(dp_accounting.SelfComposedDpEvent(event, chains * iterations))
+        assert info["epsilon"][s] == pytest.approx(accountant.get_epsilon(delta), rel=1e-9)
+    # the given noise is above the largest client's floor, the smallest client's floor above it
+    assert info["noise_inflation"][0] > 1.0 and info["noise_inflation"][2] == 1.0
+
+
+def test_fald_clips_each_rows_influence_on_a_local_step():
+    """One FA-LD local step on client 0 (full batch, no noise) moves by (h/2) g_0 with g_0 =
+    grad log p + (1/f_0) S: replacing one row moves the step by at most (h/2) (1/f_0) 2C.
+    The broken variant (the kernel without clipping) exceeds the same bound."""
+    from fedmcmc import rng as fm_rng
+    from fedmcmc.baselines import fald
+
+    model, _ = _regression()
+    rng = np.random.default_rng(7)
+    clients = [{"x": rng.normal(size=(6, 2)).astype(np.float32),
+                "y": rng.normal(size=6).astype(np.float32)} for _ in range(2)]
+    changed = [{k: v.copy() for k, v in c.items()} for c in clients]
+    changed[0]["x"][2], changed[0]["y"][2] = 30.0, -400.0  # one row replaced by an extreme one
+    h, clip, batch = 1e-2, 1.5, 8
+    theta0 = jnp.asarray([0.4, -0.3])
+    flat = model.flatten(theta0)
+
+    def local_chains(data_clients, private):
+        fed = fm.Federation(data_clients)
+        weights = jnp.asarray(fed.weights, jnp.float32)
+        step = fald.build_kernel(flat, fed.concatenated(), weights, batch, 3, h, None, None,
+                                 False, private)
+        state = jax.jit(step)(fm_rng.seed_key(0), fald.init(theta0, weights))
+        return np.asarray(state.local, np.float64), float(weights[0])
+
+    private = clipping.PrivateSteps(clip_norm=clip, noise_inflation=jnp.ones(2))
+    (before, f0), (after, _) = local_chains(clients, private), local_chains(changed, private)
+    bound = 0.5 * h * (1.0 / f0) * 2 * clip
+    assert np.linalg.norm(after[0] - before[0]) <= bound * (1 + 1e-5)
+    assert np.linalg.norm(after[0] - before[0]) > 0.1 * bound  # the replaced row was used
+    np.testing.assert_allclose(after[1], before[1])  # the other client's chain is untouched
+    (plain, _), (plain_changed, _) = local_chains(clients, None), local_chains(changed, None)
+    assert np.linalg.norm(plain_changed[0] - plain[0]) > bound
+
+
+def test_qlsd_clients_noise_variances_sum_to_the_servers():
+    from fedmcmc.baselines import qlsd
+
+    weights = jnp.asarray([0.5, 0.3, 0.15, 0.05])
+    h = 1e-3
+    scales = np.asarray(qlsd.client_noise_scales(weights, h, jnp.ones(4)), np.float64)
+    # the server adds (h/2) sum_s of what the clients send: its noise variance
+    assert np.sum((0.5 * h * scales) ** 2) == pytest.approx(h, rel=1e-6)
+    inflation = jnp.asarray([1.0, 2.0, 1.5, 3.0])
+    inflated = np.asarray(qlsd.client_noise_scales(weights, h, inflation), np.float64)
+    assert np.sum((0.5 * h * inflated) ** 2) == pytest.approx(
+        h * float(jnp.sum(weights * inflation ** 2)), rel=1e-6)
+
+
+def _qlsd_law(private):
+    """4 chains of 1000 draws of QLSD without quantisation, full batches, on the conjugate Gaussian."""
+    model, fed, _, _ = _gaussian_means()
+    algorithm = fm.QLSD(1e-2, 10, bits=None, privacy=fm.Privacy(
+        noise_multiplier=1e-3, clip_norm=1e3) if private else None)  # the floor: a_s = 1
+    result = fm.sample(model, fed, algorithm=algorithm, init=jnp.zeros(2), num_samples=1000,
+                       burn_in=100, thin=1, chains=4, seed=11)
+    return np.asarray(result.samples, np.float64), result.info.get("privacy")
+
+
+def test_private_qlsd_with_no_extra_noise_samples_the_non_private_law(monkeypatch):
+    """With every a_s = 1 and no clipping in effect, moving the Langevin noise to the clients
+    changes nothing in law: private and non-private QLSD (no quantisation, full batches: both
+    are ULA on the posterior) sample ULA's stationary N(mu, 1 / (lambda (1 - h lambda / 4)))
+    within ESS tolerances. The broken variant (each client adding the server's whole noise,
+    so the step's noise variance is S h) is rejected by the same check."""
+    from fedmcmc.baselines import qlsd
+    from stats import check_gaussian_moments, ess_of_variance
+
+    _, _, mean, precision = _gaussian_means()
+    h = 1e-2
+    stationary = np.eye(2) / (precision * (1.0 - h * precision / 4.0))
+    for private in (False, True):
+        draws, info = _qlsd_law(private)
+        if private:
+            assert info["noise_inflation"] == pytest.approx([1.0] * 4)
+        check = check_gaussian_moments(draws, mean, stationary, var_ess=ess_of_variance(draws))
+        assert check["ok"], (private, check)
+    monkeypatch.setattr(qlsd, "client_noise_scales",
+                        lambda weights, step_size, inflation: 2.0 * jnp.sqrt(
+                            1.0 / step_size) * inflation * jnp.ones_like(weights))
+    draws, _ = _qlsd_law(True)
+    broken = check_gaussian_moments(draws, mean, stationary, var_ess=ess_of_variance(draws))
+    assert not broken["ok"], broken
+
+
+def test_a_scheduled_run_that_visits_a_client_more_than_planned_never_reports_above_budget(
+        monkeypatch):
+    """DSGLD plans each client's visits at a quantile of their Binomial law; planned at the
+    median instead (SCHEDULE_TAIL = 0.5), a client is visited more often than planned and its
+    epsilon, as made, would exceed the budget. The run then stops at its last draw within the
+    budget: the draws kept are the first draws of the full run, their epsilon within it."""
+    monkeypatch.setattr(privacy, "SCHEDULE_TAIL", 0.5)
+    model, fed = _regression(num_clients=3, rows=60)
+    target, num_samples = 0.5, 8
+    algorithm = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=3,
+                         privacy=fm.Privacy(epsilon=target, delta=1e-5, clip_norm=2.0))
+    run = dict(init=jnp.zeros(2), burn_in=4, thin=1, chains=2, seed=0)
+    with pytest.raises(fm.PrivacyBudgetExceeded, match="more often than planned") as caught:
+        fm.sample(model, fed, algorithm=algorithm, num_samples=num_samples, **run)
+    kept = caught.value.result
+    info = kept.info["privacy"]
+    draws = info["draws_within_budget"]
+    assert 0 < draws < num_samples and np.shape(kept.samples)[:2] == (2, draws)
+    assert max(info["epsilon"]) <= target
+    assert info["steps"] == [v * 3 for v in kept.info["visits_per_client"]]
+    # the kept draws are the full run's first ones (with the schedule's noise, not the
+    # schedule's quantile, the full run would overspend)
+    monkeypatch.setattr(privacy, "SCHEDULE_TAIL", 1e-6)
+    plain = fm.DSGLD(step_size=1e-3, batch_size=10, local_steps=3, privacy=fm.Privacy(
+        noise_multiplier=info["noise_multiplier"][0], clip_norm=2.0, delta=1e-5))
+    longer = fm.sample(model, fed, algorithm=plain, num_samples=draws + 1, **run)
+    assert info["noise_multiplier"] == [info["noise_multiplier"][0]] * 3  # equal clients
+    np.testing.assert_array_equal(np.asarray(longer.samples)[:, :draws],
+                                  np.asarray(kept.samples))
+    assert max(privacy.epsilon_of_steps(z, 60, 10, t, 1e-5) for z, t in zip(
+        info["noise_multiplier"], longer.info["privacy"]["steps"])) > target
