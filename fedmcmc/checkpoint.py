@@ -4,7 +4,7 @@ The local engine keys draw ``i`` by ``fold_in(key, i)``, so a run restarted at
 draw ``start_draw`` from the chain states saved there makes exactly the draws
 an uninterrupted run makes. Families that run on
 :func:`fedmcmc.engines.local.run_chains` opt in by accepting the *run options*
-below in ``algorithm.sample(..., **options)`` (see ``split_run_options``) and
+below in ``algorithm.sample_local(..., **options)`` (see ``split_run_options``) and
 setting the class attribute ``supports_resume = True``:
 
 ``start_draw``

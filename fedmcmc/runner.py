@@ -214,7 +214,7 @@ def run_experiment(
             chunk_size=config.checkpoint.chunk_size, after_write=after_write,
         )
         options = dict(section.options)
-        if "skeleton" not in options and _accepts(algorithm.sample, "skeleton"):
+        if "skeleton" not in options and _accepts(algorithm.sample_local, "skeleton"):
             options["skeleton"] = SKELETON_POINTS  # PDMP: a stretch of trajectory for the report
         if resumable:
             options.update(checkpointer.run_options())

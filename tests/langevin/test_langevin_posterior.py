@@ -63,7 +63,7 @@ def test_dropping_inverse_client_weight_is_rejected():
     variance = expected_variance(federation, "dsgld", h, batch_size=10)
 
     class WithoutInverseWeight(DSGLD):
-        def _kernel(self, flat_model, data, weights, settings):
+        def _kernel(self, flat_model, data, weights, settings, private=None):
             return dsgld.build_kernel(
                 flat_model, data, weights, self.batch_size, self.local_steps,
                 lambda t: h + 0.0 * t, weight_scaling=jnp.ones_like(weights),
@@ -215,7 +215,7 @@ def test_variance_chosen_client_selection_keeps_the_posterior():
     assert figures["ok"], figures
 
     class MismatchedScaling(DSGLD):
-        def _kernel(self, flat_model, data, weights, settings):
+        def _kernel(self, flat_model, data, weights, settings, private=None):
             return dsgld.build_kernel(
                 flat_model, data, jnp.asarray(chosen, jnp.float32), self.batch_size,
                 self.local_steps, lambda t: h + 0.0 * t, weight_scaling=weights)
