@@ -476,6 +476,12 @@ class FlowerEngine(ProtocolEngine):
     run reaches them). ``fm.sample(..., engine="flower", flower_address=..., ...)`` builds
     one from the keyword options ``flower_<argument>``.
 
+    The hand-off and broadcast algorithms run on it (``patterns``); an algorithm whose
+    message pattern needs a round per event or per iteration (Fed-PDMC, DULA, GT-DULA) is
+    refused with :class:`FlowerLatencyError`, which quotes the measured round trip. Every
+    bad value raises ``ValueError`` naming its argument; nothing of Flower is imported
+    before a run.
+
     Parameters
     ----------
     address:
@@ -499,11 +505,6 @@ class FlowerEngine(ProtocolEngine):
     visit_timeout, on_client_failure, audit_messages, fault_injection:
         As for every message-passing engine (:class:`~fedmcmc.engines.engine.ProtocolEngine`).
 
-    The hand-off and broadcast algorithms run on it (``patterns``); an algorithm whose
-    message pattern needs a round per event or per iteration (Fed-PDMC, DULA, GT-DULA) is
-    refused with :class:`FlowerLatencyError`, which quotes the measured round trip. Every
-    bad value raises ``ValueError`` naming its argument; nothing of Flower is imported
-    before a run.
     """
 
     label = "flower"

@@ -343,7 +343,8 @@ def test_shared_chunk_size_rounds_down_by_at_most_a_third(total):
 # (A step size of "auto" is still a constant of the run program: other data, another h.)
 SHARING_CASES = [
     pytest.param(lambda: fm.FSGLD(step_size=1e-3, batch_size=10, local_steps=20), id="FSGLD"),
-    pytest.param(lambda: fm.FedZigZag(sample_interval=0.5), id="FedZigZag"),
+    pytest.param(lambda: fm.FedZigZag(sample_interval=0.5), id="FedZigZag",
+                 marks=pytest.mark.slow),
     pytest.param(lambda: fm.FedBoomerang(sample_interval=0.5), id="FedBoomerang",
                  marks=pytest.mark.slow),
     pytest.param(lambda: fm.DULA(step_size=1e-3, beta=0.3), id="DULA"),

@@ -168,6 +168,7 @@ def test_packed_actors_give_the_in_process_draws(local_ray, dsgld_reference):
         assert packed.info[key] == separate.info[key], key
 
 
+@pytest.mark.slow  # packing in the default suite: test_packed_actors_give_the_in_process_draws
 def test_fed_zigzag_and_dula_run_packed(local_ray):
     federation = gaussian_federation()
     # (per-worker thinning in-process too: the Ray workers thin their own rates)

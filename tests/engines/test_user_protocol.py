@@ -184,7 +184,7 @@ def test_handoff_algorithm_checks_its_protocol():
     assert algorithm.name == "SGHMC" and algorithm.message_passing  # local and every engine
     with pytest.raises(ValueError, match="engine"):
         fm.sample(MODEL, equal_mean_federation(), algorithm, init=jnp.zeros(DIM),
-                  num_samples=2, engine="flower")
+                  num_samples=2, engine="spark")
 
 
 def test_sghmc_on_ray_equals_the_in_process_run(local_ray, sghmc_local):
