@@ -14,6 +14,7 @@ from ..callsite import user_stacklevel
 from .channel import ChannelClient, ChannelError
 from .comm import ClientFailure, Pending, Transport
 from .interning import intern_arguments
+from . import ray_actors
 from .ray_actors import (IDLE_ACTORS, ClientHost, answered, end_actor, packed, reservation,
                          unpacked)
 from .ray_direct import DirectBatch, DirectChannels, direct_channel_wanted
@@ -352,11 +353,23 @@ class RayTransport(DirectChannels, Transport):
         all lived and that answer :meth:`ClientHost.unload` within :data:`UNLOAD_TIMEOUT`."""
         for actor in list(self._direct):
             self._fail_direct(actor, ChannelError("the run ended"))
+        unread = dict(self._last_ray_call)
         self._last_ray_call.clear()
         kept = set()
         if self._reuse:
+            # an actor whose last call of the run has not ended within UNLOAD_TIMEOUT is busy,
+            # whatever its unload says (a threaded actor may answer unload before the call
+            # queued ahead of it has taken the lock): it is ended, not kept
+            busy = set(unread)
+            if unread:
+                try:
+                    ready = set(self._ray.wait(list(unread.values()), num_returns=len(unread),
+                                               timeout=ray_actors.UNLOAD_TIMEOUT)[0])
+                except Exception:  # noqa: BLE001 - Ray stopped: keep none
+                    ready = set()
+                busy = {a for a, ref in unread.items() if ref not in ready}
             candidates = [a for a in range(len(self.actors))
-                          if not any(c in self._dead for c in self.groups[a])]
+                          if a not in busy and not any(c in self._dead for c in self.groups[a])]
             answers = answered(self._ray, [self.actors[a].unload.remote() for a in candidates])
             kept = {a for a, answered in zip(candidates, answers) if answered}
         for a, actor in enumerate(self.actors):
