@@ -73,19 +73,68 @@ def restore_cache_settings():
         yield
 
 
+#: the Ray instance ``local_ray`` started in this test process (one per xdist worker): its GCS
+#: address, None while none runs
+_SHARED_RAY = {"address": None}
+
+
+def _shared_ray_running(ray) -> bool:
+    if _SHARED_RAY["address"] is None or not ray.is_initialized():
+        return False
+    try:
+        return ray.get_runtime_context().gcs_address == _SHARED_RAY["address"]
+    except Exception:  # noqa: BLE001 - a half shut-down instance
+        return False
+
+
+def _stop_shared_ray() -> None:
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and _shared_ray_running(ray):
+        ray.shutdown()
+    _SHARED_RAY["address"] = None
+
+
+@pytest.fixture(scope="session")
+def _ray_for_the_session():
+    """Shuts down, at the end of the session, the Ray instance ``local_ray`` started."""
+    yield
+    _stop_shared_ray()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_shared_ray_where_a_module_starts_its_own(request):
+    """A module marked ``own_ray`` (its runs start a Ray instance, or check what happens
+    without one) finds none left running by an earlier module, as it would alone."""
+    if request.node.get_closest_marker("own_ray") is not None:
+        _stop_shared_ray()
+    yield
+
+
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    """A Ray instance for one test module: loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
-    before Ray is imported, ``_node_ip_address="127.0.0.1"``), 2 CPUs, no dashboard, its files
-    in a temporary folder; shut down after the module. ``fm.sample(..., engine="ray")`` joins it."""
+def local_ray(tmp_path_factory, _ray_for_the_session):
+    """A Ray instance for the test modules that ask for it: loopback only
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before Ray is imported,
+    ``_node_ip_address="127.0.0.1"``), 2 CPUs, no dashboard, its files in a temporary folder.
+    Started once per test process and kept for the next module that asks (starting Ray costs
+    seconds per module); restarted when a test shut it down or replaced it; shut down at the end
+    of the session or before a module marked ``own_ray``. After each module the idle client
+    actors its runs kept are ended, so no module sees another's. ``fm.sample(...,
+    engine="ray")`` joins it."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray = pytest.importorskip("ray", reason="engine='ray' needs ray (pip install 'fedmcmc[ray]')")
-    temp_dir = str(tmp_path_factory.mktemp("ray"))
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local", include_dashboard=False, num_cpus=2, _temp_dir=temp_dir,
-        _node_ip_address="127.0.0.1", log_to_driver=False,
-    )
+    if not _shared_ray_running(ray):
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(
+            address="local", include_dashboard=False, num_cpus=2,
+            _temp_dir=str(tmp_path_factory.mktemp("ray")), _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+        )
+        _SHARED_RAY["address"] = ray.get_runtime_context().gcs_address
     yield ray
-    ray.shutdown()
+    from fedmcmc.engines.ray_engine import release_idle_actors
+
+    if _shared_ray_running(ray):
+        release_idle_actors()

@@ -18,6 +18,9 @@ import pytest
 
 import fedmcmc as fm
 
+# its runs start Ray instances of their own (conftest: the shared one is shut down first)
+pytestmark = pytest.mark.own_ray
+
 SIZES = [7, 19, 3, 31, 12]  # very unequal clients, one smaller than the batch size
 DIM = 3
 

@@ -50,6 +50,9 @@ from fedmcmc.engines.ray_security import (  # noqa: E402
     session_authentication,
 )
 
+# its runs start Ray instances of their own (conftest: the shared one is shut down first)
+pytestmark = pytest.mark.own_ray
+
 CHILD_TIMEOUT = 120  # seconds any child process may take
 RUN_OPTIONS = dict(visit_timeout=120.0)
 FAST_FAIL = {"RAY_NUM_REDIS_GET_RETRIES": "3"}

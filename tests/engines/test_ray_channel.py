@@ -66,6 +66,7 @@ def _opened(transport, clients):
     assert failures == []
 
 
+@pytest.mark.slow  # default suite: direct single messages, a dead actor (channel open)
 def test_broadcasts_go_direct_and_wait_behind_a_running_actor_call(local_ray):
     from fedmcmc.engines.ray_engine import RayTransport
 
@@ -136,7 +137,8 @@ def test_single_messages_go_direct_and_relays_take_their_replies_as_values(local
         transport.close()
 
 
-@pytest.mark.parametrize("connected", [True, False], ids=["channel-open", "before-connecting"])
+@pytest.mark.parametrize("connected", [
+    True, pytest.param(False, marks=pytest.mark.slow)], ids=["channel-open", "before-connecting"])
 def test_a_dead_actor_fails_its_clients_and_the_others_answer(local_ray, connected):
     """Its channel's end (or, when it died before the driver connected, the actor call that
     replaces the broadcast) reports it; no ChannelWarning: the channel is not at fault."""
@@ -166,6 +168,7 @@ def test_a_dead_actor_fails_its_clients_and_the_others_answer(local_ray, connect
         transport.close()
 
 
+@pytest.mark.slow  # default suite: direct single messages, a dead actor (channel open)
 def test_a_channel_that_cannot_be_opened_leaves_actor_calls_and_says_so(local_ray,
                                                                        monkeypatch):
     from fedmcmc.engines import ray_direct
@@ -215,6 +218,7 @@ def test_the_options_are_checked():
     assert check_channel_ports([np.int64(7), 7]) == (7, 7)
 
 
+@pytest.mark.slow  # default suite: direct single messages, a dead actor (channel open)
 def test_channels_listen_in_the_port_range_given_and_a_full_range_is_reported(local_ray):
     import socket
 
