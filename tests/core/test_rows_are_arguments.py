@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
+from compiled_programs import dump_programs_to
 
 # a Gaussian mean (FSGLD's exact surrogates apply: no L-BFGS fit in the default suite) and a
 # logistic regression (Laplace fits, control variates' anchors: the slow runs)
@@ -59,26 +60,9 @@ def _lowered_constants(tmp_path, name, run):
     """The constants of every module lowered while ``run()`` runs."""
     directory = tmp_path / name
     directory.mkdir()
-    with _dump_to(directory):
+    with dump_programs_to(directory):
         run()
     return _constant_sizes(directory)
-
-
-class _dump_to:
-    """JAX's ``jax_dump_ir_to`` (StableHLO of every module it compiles) set for a block."""
-
-    def __init__(self, directory):
-        self.directory = str(directory)
-
-    def __enter__(self):
-        self.previous = (jax.config.read("jax_dump_ir_to"),
-                         jax.config.read("jax_include_debug_info_in_dumps"))
-        jax.config.update("jax_dump_ir_to", self.directory)
-        jax.config.update("jax_include_debug_info_in_dumps", False)
-
-    def __exit__(self, *exc):
-        jax.config.update("jax_dump_ir_to", self.previous[0])
-        jax.config.update("jax_include_debug_info_in_dumps", self.previous[1])
 
 
 def _assert_no_constant_grows(tmp_path, run_with):

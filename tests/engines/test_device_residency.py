@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
+from compiled_programs import dump_programs_to
 
 GAUSSIAN = fm.Model(
     log_prior=lambda p: -0.5 * jnp.sum(p ** 2),
@@ -37,23 +38,6 @@ def _federation(sizes=(17, 19, 13), dim=2):
     return fm.Federation(clients)
 
 
-class _dump_to:
-    """JAX's ``jax_dump_ir_to`` (StableHLO of every module it compiles) set for a block."""
-
-    def __init__(self, directory):
-        self.directory = str(directory)
-
-    def __enter__(self):
-        self.previous = (jax.config.read("jax_dump_ir_to"),
-                         jax.config.read("jax_include_debug_info_in_dumps"))
-        jax.config.update("jax_dump_ir_to", self.directory)
-        jax.config.update("jax_include_debug_info_in_dumps", False)
-
-    def __exit__(self, *exc):
-        jax.config.update("jax_dump_ir_to", self.previous[0])
-        jax.config.update("jax_include_debug_info_in_dumps", self.previous[1])
-
-
 ALGORITHMS = {
     "FSGLD": lambda: fm.FSGLD(step_size=1e-3, batch_size=5, local_steps=4, surrogate="exact"),
     "FedZigZag": lambda: fm.FedZigZag(sample_interval=0.2),
@@ -62,7 +46,7 @@ ALGORITHMS = {
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_run_programs_exchange_nothing_with_the_host(tmp_path, name):
-    with _dump_to(tmp_path), warnings.catch_warnings():
+    with dump_programs_to(tmp_path), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a short run does not converge
         fm.sample(GAUSSIAN, _federation(), algorithm=ALGORITHMS[name](), init=jnp.zeros(2),
                   num_samples=6, burn_in=2, chains=2, seed=3, progress=False,
@@ -76,7 +60,7 @@ def test_run_programs_exchange_nothing_with_the_host(tmp_path, name):
 
 def test_the_check_sees_a_host_callback(tmp_path):
     """The same pattern finds a callback when a program has one."""
-    with _dump_to(tmp_path):
+    with dump_programs_to(tmp_path):
         jax.jit(lambda x: jax.pure_callback(np.sin, jax.ShapeDtypeStruct((), x.dtype), x))(
             jnp.float32(1.0)).block_until_ready()
     assert any(HOST_TRAFFIC.search(path.read_text()) for path in tmp_path.glob("*.mlir"))
