@@ -59,23 +59,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
-import ipaddress
 import os
 import sys
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-# Flower reads these when it is imported: no telemetry, no update check (nothing leaves the
-# machine but the federation's own messages)
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
-
-from .flower_site import (flower_program, free_port, site_command, start_child,  # noqa: E402
-                          wait_for_port)
-from ..algorithm import check_positive_float  # noqa: E402
-from .engine import ProtocolEngine  # noqa: E402
-from .options import FLOWER_ONLY_OPTIONS, RAY_ONLY_OPTIONS  # noqa: E402
+from ..algorithm import check_positive_float
+from .engine import ProtocolEngine
+from .flower_site import (flower_program, free_port, is_loopback, quiet_flower_environment,
+                          site_command, start_child, wait_for_port)
+from .options import FLOWER_ONLY_OPTIONS, RAY_ONLY_OPTIONS
 
 __all__ = ["FlowerEngine", "flower_transports", "FlowerLink", "LocalFlowerFederation",
            "FLOWER_OPTIONS", "FlowerLatencyError", "latency_refusal", "FLOWER_ROUND_SECONDS",
@@ -114,23 +108,13 @@ def latency_refusal(name: str, needs: str) -> FlowerLatencyError:
 
 def import_flower():
     """``flwr``, or an ``ImportError`` saying how to install it."""
+    quiet_flower_environment()
     try:
         import flwr
     except ImportError:  # pragma: no cover - the extra is not installed
         raise ImportError("engine='flower' needs Flower: pip install 'fedmcmc[flower]' "
                           "(flwr==1.42.0)") from None
     return flwr
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``HOST:PORT`` names this machine's loopback interface."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # ----------------------------------------------------------------------------- the app bundle
@@ -466,9 +450,7 @@ def flower_transports(options: Dict[str, Any]) -> Iterator[Callable[[Sequence[tu
 
 #: ``fm.sample``'s keyword options of the Flower engine, by the :class:`FlowerEngine`
 #: argument each sets (``flower_address`` is ``address``, ...)
-RENAMED_OPTIONS = {f"flower_{name}": name for name in (
-    "address", "root_certificates", "insecure", "superexec_auth_secret_file", "sites",
-    "connect_timeout", "log_dir")}
+RENAMED_OPTIONS = {option: option[len("flower_"):] for option in FLOWER_ONLY_OPTIONS}
 
 
 class FlowerEngine(ProtocolEngine):
@@ -508,6 +490,7 @@ class FlowerEngine(ProtocolEngine):
     """
 
     label = "flower"
+    renamed_options = RENAMED_OPTIONS
     loads_on_clients = True
     #: a round trip costs seconds: only the patterns that amortise it over local steps
     patterns = frozenset({"handoff", "broadcast"})

@@ -270,16 +270,45 @@ _DIE_WITH_PARENT = (
     "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
+#: Flower's own switches for the processes fedmcmc starts (and set before it imports flwr):
+#: no telemetry and no update check, so nothing leaves a machine but the federation's messages
+FLOWER_QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+
+
+def quiet_flower_environment() -> None:
+    """Set :data:`FLOWER_QUIET_ENV` in this process where the user has not set them (called
+    before flwr is first imported by the engine or a site; ``import fedmcmc`` sets nothing)."""
+    for name, value in FLOWER_QUIET_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``HOST[:PORT]`` names this machine's loopback interface."""
+    import ipaddress
+
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]" in address else address
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def start_child(command: Sequence[str], log_path: Optional[str] = None,
                 env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     """``command`` as a child process that ends with this one (SIGTERM on Linux when this
-    process ends, however it ends); its output to ``log_path`` (default: discarded)."""
+    process ends, however it ends); its output to ``log_path`` (default: discarded). The child
+    gets ``env`` (default: this process's environment) with :data:`FLOWER_QUIET_ENV` where
+    ``env`` does not set those names."""
     output = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     launcher = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid())]
     if not sys.platform.startswith("linux"):
         launcher = []
     try:
-        return subprocess.Popen(launcher + list(command), stdout=output, env=env,
+        return subprocess.Popen(launcher + list(command), stdout=output,
+                                env={**FLOWER_QUIET_ENV, **(os.environ if env is None else env)},
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
         if log_path:
@@ -377,10 +406,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="NAME=module:function: data this site serves as SiteData(NAME)")
     parser.add_argument("--log", default=None, help="file for the SuperNode's output")
     args = parser.parse_args(argv)
+    quiet_flower_environment()
     for spec in args.data:
         register_data(spec)
-    host = args.superlink.rsplit(":", 1)[0].strip("[]")
-    if args.insecure and not _is_loopback(host):
+    if args.insecure and not is_loopback(args.superlink):
         parser.error("--insecure is refused for a SuperLink that is not on loopback: give "
                      "--root-certificates (TLS)")
     port = args.runtime_port or free_port()
@@ -409,17 +438,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         stop(code=code)
     return code
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 if __name__ == "__main__":
