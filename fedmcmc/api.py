@@ -38,9 +38,10 @@ def resolve_engine(engine: Any, options: dict) -> Engine:
     if isinstance(engine, Engine):
         given = sorted(set(options) & set(ENGINE_OPTIONS))
         if given:
+            argument = engine.renamed_options.get(given[0], given[0])
             raise ValueError(
                 f"{given[0]} is an engine option: with engine={engine!r} set it on the "
-                f"engine object ({type(engine).__name__}({given[0]}=...)), not in fm.sample")
+                f"engine object ({type(engine).__name__}({argument}=...)), not in fm.sample")
         return engine
     for label, only in _FOREIGN_OPTIONS.get(engine if isinstance(engine, str) else "", ()):
         given = [k for k in only if options.get(k) not in (None, False, 0)]

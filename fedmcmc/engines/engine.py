@@ -54,6 +54,9 @@ class Engine:
     #: whether a :meth:`fedmcmc.Federation.from_loaders` federation's loaders run in the
     #: clients' processes (else ``fm.sample`` calls them here first)
     loads_on_clients: bool = False
+    #: ``fm.sample``'s keyword engine options whose constructor argument has another name
+    #: (``ray_address`` is :class:`RayEngine`'s ``address``); the others keep their names
+    renamed_options: Dict[str, str] = {}
 
     def offered_by(self, algorithm) -> bool:
         """Whether ``algorithm`` exports what this engine runs."""

@@ -220,6 +220,7 @@ class RayEngine(ProtocolEngine):
     """
 
     label = "ray"
+    renamed_options = RENAMED_OPTIONS
     loads_on_clients = True
 
     def __init__(self, clients_per_actor=None, address: Optional[str] = None, *,

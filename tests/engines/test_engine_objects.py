@@ -73,6 +73,10 @@ def test_engine_arguments_in_the_wrong_place_raise_value_errors():
     with pytest.raises(ValueError, match="ray_address is a Ray option"):
         fm.sample(MODEL, federation(), algorithm, init=init, num_samples=2,
                   ray_address="auto")
+    with pytest.raises(ValueError, match=r"ray_address is an engine option.*"
+                                         r"RayEngine\(address=\.\.\.\)"):
+        fm.sample(MODEL, federation(), algorithm, init=init, num_samples=2,
+                  engine=fm.RayEngine(), ray_address="auto")
     with pytest.raises(ValueError, match=r"engine='ray' is not available for SGLD.*\('local',\)"):
         fm.sample(MODEL, federation(), fm.SGLD(step_size=1e-3, batch_size=2), init=init,
                   num_samples=2, engine=fm.RayEngine())
