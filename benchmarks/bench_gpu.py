@@ -40,7 +40,10 @@ from fedmcmc.engines import local
 from fedmcmc.langevin import dsgld, fsgld, sgld
 from fedmcmc.schedules import constant
 
-DIM, BATCH, STEP = 20, 50, 2e-5
+# the problem of bench_langevin.py (a sibling script: run from this folder or as
+# python benchmarks/bench_gpu.py)
+from bench_langevin import BATCH, DIM, STEP, log_likelihood, log_prior, logistic_federation
+from bench_langevin import MODEL as LOGISTIC
 
 
 def accelerator():
@@ -52,28 +55,6 @@ def accelerator():
     others = [device for device in devices if device.platform != "cpu"]
     return others[0] if others else None
 
-
-def logistic_federation(num_clients=10, size=1000, seed=0):
-    rng = np.random.default_rng(seed)
-    truth = rng.normal(size=DIM) / np.sqrt(DIM)
-    clients = []
-    for _ in range(num_clients):
-        x = (rng.normal(size=(size, DIM)) + rng.normal(size=DIM) * 0.5).astype(np.float32)
-        y = (rng.random(size) < 1 / (1 + np.exp(-x @ truth))).astype(np.float32)
-        clients.append({"x": x, "y": y})
-    return fm.Federation(clients)
-
-
-def log_prior(w):
-    return -0.5 * jnp.sum(w ** 2)
-
-
-def log_likelihood(w, row):
-    logit = jnp.dot(row["x"], w)
-    return row["y"] * logit - jnp.logaddexp(0.0, logit)
-
-
-LOGISTIC = fm.Model(log_prior=log_prior, log_likelihood=log_likelihood)
 
 
 def vmapped(step: sgld.LangevinStep, chains: int) -> sgld.LangevinStep:
@@ -131,7 +112,7 @@ def sgld_rows(device, chain_counts, budget):
     import blackjax
 
     with jax.default_device(device):
-        federation = logistic_federation()
+        federation = logistic_federation(10)
         flat = LOGISTIC.flatten(jnp.zeros(DIM))
         kernel = sgld.build_kernel(flat, federation.concatenated(), BATCH, constant(STEP))
         pooled = jax.tree_util.tree_map(jnp.asarray, federation.pooled())
