@@ -258,6 +258,7 @@ print(json.dumps({"held": held, "inner": inner, "started": started, "entered": e
 """
 
 
+@pytest.mark.slow  # five processes; the default suite keeps first_on_node's three
 def test_node_slot_lets_at_most_that_many_processes_run_at_once(tmp_path):
     """Five processes asking for one of 2 places: at most 2 inside at any time, every one
     runs; a process inside asking again (a step inside a step) keeps its place."""
