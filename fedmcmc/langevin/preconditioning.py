@@ -1,8 +1,9 @@
 """Diagonal preconditioning of the Langevin family: pSGLD (Li, Chen, Carlson & Carin, AAAI 2016,
 "Preconditioned stochastic gradient Langevin dynamics for deep neural networks").
 
-The paper's update (its Algorithm 1 and the preconditioned SGLD step of its section 3), in this
-library's step-size convention (``langevin/sgld.py``: h is the papers' epsilon_t):
+The paper's preconditioned update (with its term Gamma) and its RMSprop estimates of V and G (its
+Algorithm 1), in this library's step-size convention (``langevin/sgld.py``: h is the paper's
+epsilon_t):
 
     G_t     = diag(1 / (lambda + sqrt(V_{t-1})))
     theta'  = theta + (h/2) [G_t v(theta) + Gamma(theta)] + N(0, h G_t)
@@ -28,17 +29,20 @@ independent of the update's gradient noise, and both are pSGLD's G up to O(1 - b
 **Gamma is dropped**, as the paper does in practice (its Algorithm 1 omits it):
 Gamma_i(theta) = sum_j dG_ij / dtheta_j, the term that keeps the stationary law exact when G
 depends on theta. G depends on theta here only through V, whose last update carries a weight
-(1 - beta), so the term is of order (1 - beta) and the paper argues (and bounds) that the bias of
-dropping it is small for beta near 1. What it leaves, concretely:
+(1 - beta), so the term is of order (1 - beta), and the paper drops it on that ground (beta near
+1). What dropping it leaves, concretely:
 
 * when V is dominated by the gradient's noise (minibatches; the regime of Bayesian neural
-  networks), G hardly depends on theta: the bias is of order (1 - beta) times the share of the
-  mean gradient in V. The tests measure it on a conjugate Gaussian federation
-  (``tests/langevin/test_preconditioning.py``).
+  networks), G hardly depends on theta: the bias is of order (1 - beta). Measured on the
+  tests' conjugate Gaussian federation (``tests/langevin/test_preconditioning.py``: gradient
+  noise 60 to 100 times the posterior precision, condition number 100, beta = 0.99): variances
+  2.5 % above the exact law of the chain with G held at its stationary value, means within
+  0.5 of their Monte Carlo error (bulk ESS 3,400 and 7,800).
 * when V is dominated by the mean gradient (exact gradients, a chain far slower than the
   1 / (1 - beta) updates V averages over), G follows |grad log p(theta)| and the stationary law
-  is no longer the posterior: its tails widen by the factor 1 / G(theta), whatever h. pSGLD is
-  an approximate sampler there, as Rensmeyer & Niggemann (2024) measure on neural networks.
+  is no longer the posterior: its density is about the posterior's times 1 / G(theta), wider
+  tails, whatever h. pSGLD is an approximate sampler there, as Rensmeyer & Niggemann (2024,
+  arXiv:2403.08609) find for such adaptive samplers on neural networks.
 * in federation, a chain that stays on a client for many more than 1 / (1 - beta) updates
   adapts G to that client's gradient, so G correlates with the client and the client drifts no
   longer average out exactly (DSGLD's heterogeneity, which FSGLD's conducive gradient

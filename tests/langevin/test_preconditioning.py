@@ -13,11 +13,12 @@ docstring). For a fixed G the chain is a linear recursion whose stationary varia
 
 and V's stationary value is E[v^2] / N^2 = (p^2 var + C) / N^2, so the test solves the two for
 G and the variance (:func:`target`), independently of the library, and compares the draws'
-mean and variance with them (tolerances from the bulk ESS). Measured over 8 chains at a bulk
-ESS of 1,700 and 4,000, the library's draws had mean z-scores 0.1 and 0.7 and variance ratios
-1.03 and 0.97 against that target: the bias left by what the target ignores (G's fluctuations,
-the Gamma term) is well inside the default test's tolerance (about +-0.3 in variance, 0.2 sd in
-mean). The same check rejects a preconditioner whose noise is not scaled by G (N(0, h I)).
+mean and variance with them (tolerances from the bulk ESS). Measured at the test's h with 8
+chains x 1,000 draws (bulk ESS 3,400 and 7,800), the library's draws had mean z-scores 0.09 and
+-0.43 and variance ratios 1.025 and 1.025 against that target: the bias left by what the target
+ignores (G's fluctuations, the Gamma term), about 2.5 % in variance, is well inside the default
+test's tolerance (4 chains x 200 draws: about +-0.3 in variance, 0.2 sd in mean). The same
+check rejects a preconditioner whose noise is not scaled by G (N(0, h I)).
 """
 
 import jax.numpy as jnp
@@ -148,20 +149,28 @@ def equal_clients(seed=2, clients=3, size=20):
          ).astype(np.float32) for _ in range(clients)])
 
 
-def test_the_chain_carries_the_average_from_client_to_client():
-    """FSGLD's hand-off protocol on the in-process transport (message for message as on Ray)
-    gives the in-process kernel's draws: V travels with the chain between the clients, and the
-    trust radius is widened for the preconditioned chain on both."""
+@pytest.mark.parametrize("make", [
+    lambda: fm.DSGLD(step_size=1e-4, batch_size=BATCH, local_steps=7,
+                     preconditioner=fm.RMSPropPreconditioner(0.9, 1e-4)),
+    # the trust radius widened for the preconditioned chain, alike on both
+    pytest.param(lambda: fm.FSGLD(step_size=1e-4, batch_size=BATCH, local_steps=7,
+                                  surrogate="exact", preconditioner="rmsprop"),
+                 marks=pytest.mark.slow),
+], ids=["DSGLD", "FSGLD"])
+def test_the_chain_carries_the_average_from_client_to_client(make):
+    """The hand-off protocol on the in-process transport (message for message as on Ray)
+    gives the in-process kernel's draws: V travels with the chain between the clients."""
     federation = equal_clients()
     kw = dict(init=jnp.zeros(2), num_samples=20, burn_in=5, thin=10, chains=2, seed=3)
-    algorithm = fm.FSGLD(step_size=1e-4, batch_size=BATCH, local_steps=7, surrogate="exact",
-                         preconditioner=fm.RMSPropPreconditioner(0.9, 1e-4))
+    algorithm = make()
     local = fm.sample(MODEL, federation, algorithm, convergence=False, **kw)
     handed = sample_protocol(algorithm.handoff_protocol(), MODEL, federation, engine="local",
                              **kw)
     np.testing.assert_allclose(handed.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
-    assert handed.info["trust_radius"] == pytest.approx(local.info["trust_radius"], rel=1e-4)
-    assert local.info["preconditioner"] == {"kind": "rmsprop", "decay": 0.9, "epsilon": 1e-4}
+    np.testing.assert_array_equal(handed.sample_stats["client"], local.sample_stats["client"])
+    if "trust_radius" in local.info:
+        assert handed.info["trust_radius"] == pytest.approx(local.info["trust_radius"],
+                                                            rel=1e-4)
 
 
 @pytest.mark.slow
