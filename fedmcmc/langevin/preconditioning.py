@@ -39,10 +39,10 @@ depends on theta. G depends on theta here only through V, whose last update carr
   2.5 % above the exact law of the chain with G held at its stationary value, means within
   0.5 of their Monte Carlo error (bulk ESS 3,400 and 7,800).
 * when V is dominated by the mean gradient (exact gradients, a chain far slower than the
-  1 / (1 - beta) updates V averages over), G follows |grad log p(theta)| and the stationary law
-  is no longer the posterior: its density is about the posterior's times 1 / G(theta), wider
-  tails, whatever h. pSGLD is an approximate sampler there, as Rensmeyer & Niggemann (2024,
-  arXiv:2403.08609) find for such adaptive samplers on neural networks.
+  1 / (1 - beta) updates V averages over), G follows the size of grad log p(theta) and the
+  stationary law is no longer the posterior: its density is about the posterior's times
+  1 / G(theta), wider tails, whatever h. pSGLD is an approximate sampler there, as Rensmeyer
+  & Niggemann (2024, arXiv:2403.08609) find for such adaptive samplers on neural networks.
 * in federation, a chain that stays on a client for many more than 1 / (1 - beta) updates
   adapts G to that client's gradient, so G correlates with the client and the client drifts no
   longer average out exactly (DSGLD's heterogeneity, which FSGLD's conducive gradient

@@ -1,5 +1,6 @@
-"""pSGLD's diagonal preconditioning (Li, Chen, Carlson & Carin 2016; ``langevin/preconditioning.py``)
-in the Langevin family, against the exact posterior of a conjugate Gaussian federation.
+"""pSGLD's diagonal preconditioning (Li, Chen, Carlson & Carin 2016;
+``langevin/preconditioning.py``) in the Langevin family, against the exact posterior of a
+conjugate Gaussian federation.
 
 The problem: the mean of 2-dimensional rows with per-row precision diag(1, 100) (a posterior of
 condition number 100), a N(0, I) prior, 4 non-IID clients of 6 to 280 rows, minibatches of 10
@@ -63,8 +64,8 @@ def target(federation, step_size, batch_size=BATCH, epsilon=1e-5, pooled=False):
     mean = ROW_PRECISION * sum(c.sum(axis=0) for c in clients) / precision
     # the estimator's noise around -p (theta - m): a minibatch of m of a client's rows (none
     # for a client of at most m rows, used whole), scaled by N_s / f_s = N ...
-    within = sum(f * total**2 * ROW_PRECISION**2 * c.var(axis=0) / batch_size * (len(c) > batch_size)
-                 for f, c in zip(shares, clients))
+    within = sum(f * total**2 * ROW_PRECISION**2 * c.var(axis=0) / batch_size
+                 * (len(c) > batch_size) for f, c in zip(shares, clients))
     # ... and the client drawn with probability f_s: N Lambda (xbar_s - xbar)
     means = np.stack([c.mean(axis=0) for c in clients])
     between = total**2 * ROW_PRECISION**2 * (shares @ means**2 - (shares @ means) ** 2)
