@@ -20,7 +20,7 @@ from .federation import Federation
 from .handoff_algorithm import HandoffAlgorithm
 from .protocols import HandoffProtocol
 from . import schedules
-from .langevin import DSGLD, FSGLD, SGLD, FedSGHMC
+from .langevin import DSGLD, FSGLD, SGLD, FedSGHMC, RMSPropPreconditioner
 from .model import Model
 from .pdmp import FedBoomerang, FedBPS, FedZigZag
 from .reference import reference_posterior
@@ -51,6 +51,7 @@ __all__ = [
     "DSGLD",
     "FSGLD",
     "FedSGHMC",
+    "RMSPropPreconditioner",
     "FedZigZag",
     "FedBPS",
     "FedBoomerang",

@@ -149,7 +149,7 @@ class ServerSide(NamedTuple):
     f_s (for data that stay on the clients, from the sizes they reported) and
     ``weights_given`` whether the user gave them; :meth:`HandoffProtocol.scheduler_weights`
     is asked with what :meth:`HandoffProtocol.prepare` returned, so a set-up may choose
-    other f_s.
+    other f_s. ``sizes``: the clients' numbers of rows N_s (as they reported them).
     """
 
     ask: Callable[[str, Callable[[int], tuple], Optional[Sequence[int]]], List[Any]]
@@ -160,6 +160,7 @@ class ServerSide(NamedTuple):
     info: Dict[str, Any]
     weights: Any = None
     weights_given: bool = False
+    sizes: Any = None
 
 
 class HandoffProtocol:

@@ -480,7 +480,8 @@ def sample_handoff(
         server = ServerSide(ask=ask, flat_model=flat_model, theta0=theta0,
                             num_clients=num_clients, seed=int(seed), info=info,
                             weights=np.asarray(federation.weights, np.float64),
-                            weights_given=bool(federation.weights_given))
+                            weights_given=bool(federation.weights_given),
+                            sizes=np.asarray(federation.sizes))
         prepared = protocol.prepare(server)
         thin, burn_in = protocol.run_length(server, prepared, thin, burn_in)
         for argument, value in (("thin", thin), ("burn_in", burn_in)):

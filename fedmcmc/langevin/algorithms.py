@@ -35,6 +35,7 @@ from .. import privacy as privacy_module
 from ..privacy import as_privacy, run_within_budget
 from . import private
 from . import dsgld, fsgld, sgld
+from . import preconditioning
 from . import step_size as step_size_module
 from . import estimators
 from .estimators import estimator_moments, unscaled_noise
@@ -232,8 +233,10 @@ class _LangevinAlgorithm(Algorithm):
             # draws taken during the visit; surrogates travel once (FSGLD).
             handoff_messages = int(2 * rounds.sum())
             info["messages"] = handoff_messages + info.get("surrogate_messages", 0)
+            # the carry: the position, and pSGLD's V when preconditioned
+            carry_floats = flat_model.dim * (1 if initial_state.square_average is None else 2)
             info["floats_communicated"] = int(
-                handoff_messages * flat_model.dim
+                handoff_messages * carry_floats
                 + run.draws_done * chains * flat_model.dim
                 + info.get("surrogate_floats", 0)
             )
@@ -277,18 +280,27 @@ class SGLD(_LangevinAlgorithm):
         clipped, m distinct rows per step); ``result.info["privacy"]`` says what it spent.
     clip_norm:
         With ``privacy``: C, the bound on every per-example gradient's norm (default 1.0).
+    preconditioner:
+        ``None`` (default), ``"rmsprop"`` or :class:`fedmcmc.RMSPropPreconditioner`: pSGLD's
+        diagonal preconditioning (Li et al., 2016; :mod:`fedmcmc.langevin.preconditioning`,
+        which states the bias of the term it drops). Needs a numeric h or a schedule and
+        integer ``thin`` and ``burn_in``; no ``privacy``.
     """
 
     name = "SGLD"
 
     def __init__(self, step_size, batch_size: int, *, noise: bool = True,
                  step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
-                 privacy: Any = None, clip_norm: Optional[float] = None):
+                 privacy: Any = None, clip_norm: Optional[float] = None,
+                 preconditioner: Any = None):
         self.step_size = _check_step_size(step_size)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.noise = bool(noise)
         self.step_size_tolerance = _check_tolerance(step_size_tolerance)
         self.privacy = as_privacy(privacy, clip_norm)
+        self.preconditioner = preconditioning.as_preconditioner(preconditioner)
+        preconditioning.check_combination(self.preconditioner, step_size=self.step_size,
+                                          privacy=self.privacy)
 
     #: ``fm.sample`` passes ``run_request``: thin / burn_in "auto", the budget of "auto" h
     supports_run_request = True
@@ -298,10 +310,12 @@ class SGLD(_LangevinAlgorithm):
         request = _run_request(options, num_samples, burn_in, thin, chains)
         if self.privacy is not None:
             private.check_settings(self, "local", request)
+        preconditioning.check_run_request(self.preconditioner, request)
         run_options = split_run_options(options, "SGLD")
         flat_model = model.flatten(init)
         data = federation.concatenated()
-        info = {"step_size": describe_step_size(self.step_size), "batch_size": self.batch_size}
+        info = {"step_size": describe_step_size(self.step_size), "batch_size": self.batch_size,
+                "preconditioner": preconditioning.describe_preconditioner(self.preconditioner)}
         step_size = self.step_size
         theta0 = flat_model.ravel(init)
         center = precision = None
@@ -320,12 +334,12 @@ class SGLD(_LangevinAlgorithm):
             steps = private.private_steps(the_plan, flat_model.dtype)
         step = sgld.build_kernel(
             flat_model, data, self.batch_size, as_schedule(step_size), self.noise,
-            private=steps)
+            private=steps, preconditioner=self.preconditioner)
 
         def run(draws):
             return self._run(
                 step=step,
-                initial_state=sgld.init(flat_model.ravel(init)),
+                initial_state=sgld.init(flat_model.ravel(init), self.preconditioner),
                 flat_model=flat_model,
                 federation=federation,
                 num_samples=draws,
@@ -418,6 +432,13 @@ class DSGLD(_LangevinAlgorithm):
         ``result.info["privacy"]`` per client. Needs a numeric h and the local engine.
     clip_norm:
         With ``privacy``: C, the bound on every per-example gradient's norm (default 1.0).
+    preconditioner:
+        ``None`` (default), ``"rmsprop"`` or :class:`fedmcmc.RMSPropPreconditioner`: pSGLD's
+        diagonal preconditioning (Li et al., 2016; :mod:`fedmcmc.langevin.preconditioning`,
+        which states the bias of the term it drops), its running average V handed from client
+        to client with the position. Needs a numeric h or a schedule, integer ``thin`` and
+        ``burn_in``; no ``privacy``, control variates or ``client_selection="variance"``.
+        Keep ``local_steps`` well below ``1 / (1 - decay)`` on non-IID clients.
     """
 
     name = "DSGLD"
@@ -432,7 +453,8 @@ class DSGLD(_LangevinAlgorithm):
     def __init__(self, step_size, batch_size: int, local_steps: int, *, noise: bool = True,
                  step_size_tolerance: float = step_size_module.DEFAULT_TOLERANCE,
                  control_variates: Any = None, client_selection: Optional[str] = None,
-                 privacy: Any = None, clip_norm: Optional[float] = None):
+                 privacy: Any = None, clip_norm: Optional[float] = None,
+                 preconditioner: Any = None):
         self.privacy = as_privacy(privacy, clip_norm)
         self.step_size = _check_step_size(step_size)
         self.batch_size = check_positive_int(batch_size, "batch_size")
@@ -448,6 +470,10 @@ class DSGLD(_LangevinAlgorithm):
             raise ValueError(f"client_selection must be 'proportional', 'variance' or None "
                              f"(automatic), got {client_selection!r}")
         self.client_selection = client_selection
+        self.preconditioner = preconditioning.as_preconditioner(preconditioner)
+        preconditioning.check_combination(
+            self.preconditioner, step_size=self.step_size, privacy=self.privacy,
+            control_variates=control_variates, client_selection=client_selection)
 
     def _variates_kind(self) -> Optional[str]:
         """The control variates asked for: "global", "client", "none", or None (automatic)."""
@@ -473,7 +499,7 @@ class DSGLD(_LangevinAlgorithm):
         return DSGLDProtocol(settings.step_size, self.batch_size, self.local_steps, self.noise,
                              self.divergence_threshold, anchor=anchor,
                              client_weights=settings.client_weights, setup=setup,
-                             run_request=run_request)
+                             run_request=run_request, preconditioner=self.preconditioner)
 
     def _client_setup(self) -> Optional[ClientSetup]:
         """What the protocol's server resolves from the clients' replies when no resolved
@@ -511,7 +537,7 @@ class DSGLD(_LangevinAlgorithm):
         return dsgld.build_kernel(
             flat_model, data, _weights_of(settings, weights), self.batch_size, self.local_steps,
             as_schedule(settings.step_size), self.noise, control_variates=settings.variates,
-            private=private,
+            private=private, preconditioner=self.preconditioner,
         )
 
     def _check_auto_surrogate(self) -> None:
@@ -580,8 +606,10 @@ class DSGLD(_LangevinAlgorithm):
         request = _run_request(options, num_samples, burn_in, thin, chains)
         if self.privacy is not None:
             private.check_settings(self, engine.label, request)
+        preconditioning.check_run_request(self.preconditioner, request)
         info = {"step_size": describe_step_size(self.step_size),
-                "batch_size": self.batch_size}
+                "batch_size": self.batch_size,
+                "preconditioner": preconditioning.describe_preconditioner(self.preconditioner)}
         if not self._needs_driver_setup() and not request.any_auto:
             protocol = self.handoff_protocol(run_request=request)
         elif federation.is_deferred:
@@ -617,6 +645,7 @@ class DSGLD(_LangevinAlgorithm):
         if self.privacy is not None:
             private.check_settings(self, "local", request)
             self._check_private()
+        preconditioning.check_run_request(self.preconditioner, request)
         run_options = split_run_options(options, self.name)
         flat_model = model.flatten(init)
         data = federation.concatenated()
@@ -627,6 +656,7 @@ class DSGLD(_LangevinAlgorithm):
             "batch_size": self.batch_size,
             "local_steps": self.local_steps,
             "num_clients": federation.num_clients,
+            "preconditioner": preconditioning.describe_preconditioner(self.preconditioner),
         }
         if self.privacy is None:
             settings = self._resolve(flat_model, federation, data, weights, setup_key(seed),
@@ -646,7 +676,7 @@ class DSGLD(_LangevinAlgorithm):
         def run(draws):
             return self._run(
                 step=step,
-                initial_state=dsgld.init(theta0, federation.num_clients),
+                initial_state=dsgld.init(theta0, federation.num_clients, self.preconditioner),
                 flat_model=flat_model,
                 federation=federation,
                 num_samples=draws,
@@ -726,6 +756,11 @@ class FSGLD(DSGLD):
     privacy, clip_norm:
         As for :class:`DSGLD`; a private FSGLD needs precomputed surrogates
         ``(precision, shift)`` (treated as public) and ``trust_radius=None``.
+    preconditioner:
+        As for :class:`DSGLD`; V averages FSGLD's whole estimate, conducive gradient included
+        (which removes the client drifts a long visit would adapt G to), and
+        ``trust_radius="auto"`` widens the radius by an upper bound of the preconditioned
+        chain's noise inflation (``preconditioning.trust_radius_widening``).
 
     Far from the surrogates' modes
     ------------------------------
@@ -770,11 +805,12 @@ class FSGLD(DSGLD):
         client_selection: Optional[str] = None,
         privacy: Any = None,
         clip_norm: Optional[float] = None,
+        preconditioner: Any = None,
     ):
         super().__init__(step_size, batch_size, local_steps, noise=noise,
                          step_size_tolerance=step_size_tolerance,
                          control_variates=control_variates, client_selection=client_selection,
-                         privacy=privacy, clip_norm=clip_norm)
+                         privacy=privacy, clip_norm=clip_norm, preconditioner=preconditioner)
         if isinstance(surrogate, str):
             if surrogate not in ("exact", "laplace", "sgld"):
                 raise ValueError(
@@ -875,7 +911,8 @@ class FSGLD(DSGLD):
         means, second = every_client(clients, key)
         noise_trace = fsgld.noise_trace_from_moments(weights, means, second)
         h = step_size if not callable(step_size) else float(step_size(0))
-        return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace)
+        rows = None if self.preconditioner is None else int(np.sum(data.sizes))
+        return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace, rows)
 
     def _kernel(self, flat_model, data, weights, settings: _Settings, private=None):
         return fsgld.build_kernel(
@@ -883,6 +920,7 @@ class FSGLD(DSGLD):
             as_schedule(settings.step_size), settings.surrogates, settings.global_surrogate,
             fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise,
             settings.trust_region, control_variates=settings.variates, private=private,
+            preconditioner=self.preconditioner,
         )
 
     def _check_private(self) -> None:
@@ -933,7 +971,8 @@ class FSGLD(DSGLD):
             surrogate_step_size=self.surrogate_step_size, trust_radius=radius,
             radius_probes_per_client=self.radius_probes_per_client, noise=self.noise,
             divergence_threshold=self.divergence_threshold, anchor=anchor,
-            client_weights=settings.client_weights, setup=setup, run_request=run_request)
+            client_weights=settings.client_weights, setup=setup, run_request=run_request,
+            preconditioner=self.preconditioner)
 
     def _resolve(self, flat_model, federation, data, weights, key, theta0, info,
                  request: Optional[run_length.RunRequest] = None) -> "_Settings":

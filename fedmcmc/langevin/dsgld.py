@@ -43,6 +43,9 @@ class FederatedChainState(NamedTuple):
     client: jax.Array  # int32, the client the chain is on
     iteration: jax.Array  # int32, t (total updates)
     visits: jax.Array  # (S,) int32, visits per client
+    #: pSGLD's running average V of g * g (``preconditioning.py``), which travels with the
+    #: chain; None: not preconditioned
+    square_average: Optional[jax.Array] = None
 
     @property
     def rounds(self) -> jax.Array:
@@ -50,14 +53,20 @@ class FederatedChainState(NamedTuple):
         return jnp.sum(self.visits, axis=-1)
 
 
-def init(position: jax.Array, num_clients: int) -> FederatedChainState:
+def init(position: jax.Array, num_clients: int, preconditioner=None) -> FederatedChainState:
+    """A chain at ``position`` on ``num_clients`` clients (with the preconditioner's V, zeros
+    until the first update, when one is given)."""
     # device_array: no eager program outside a trace, a constant inside one
     zero = device_array(0, np.int32)
+    square_average = None
+    if preconditioner is not None:
+        square_average = device_array(np.zeros(np.shape(position), position.dtype))
     return FederatedChainState(
         position=position,
         client=zero,
         iteration=zero,
         visits=device_array(np.zeros((num_clients,), np.int32)),
+        square_average=square_average,
     )
 
 
@@ -115,6 +124,8 @@ def build_federated_kernel(
     dim: int = None,
     dtype=jnp.float32,
     private=None,
+    preconditioner=None,
+    total_rows=None,
 ):
     """One update (3) of a chain handed between clients, as a :class:`~.sgld.LangevinStep`
     (``step(key, state)``, or ``noise``/``prepare``/``apply`` for blocks of updates).
@@ -126,9 +137,20 @@ def build_federated_kernel(
     ``private``: a :class:`fedmcmc.clipping.PrivateSteps`: minibatches of distinct rows and the
     noise of an update on client s times ``noise_inflation[s]`` (the estimator must be built
     on the clipped model, :meth:`~fedmcmc.clipping.PrivateSteps.model`).
+    ``preconditioner``: a :class:`~.preconditioning.RMSPropPreconditioner` (pSGLD, Li et al.
+    2016): the update is its :meth:`~.preconditioning.RMSPropPreconditioner.move` with the
+    gradient estimate divided by ``total_rows`` (N, the federation's rows) in V, which is
+    ``state.square_average`` (start from :func:`init` given the preconditioner).
     """
     if dim is None:
         raise ValueError("dim (the flat parameter's length) is required")
+    if preconditioner is not None:
+        if private is not None:
+            raise ValueError("preconditioner cannot be combined with private: the privacy "
+                             "accounting assumes the noise N(0, h I)")
+        if total_rows is None:
+            raise ValueError("total_rows (N, the federation's rows) is required with a "
+                             "preconditioner")
     # the cumulative f_s are computed inside the compiled step (no eager program of their own
     # at set-up); their dtype, which the scheduler's uniforms take, is known without running it
     weights_dtype = jax.eval_shape(jnp.cumsum, client_weights).dtype
@@ -151,6 +173,12 @@ def build_federated_kernel(
         minibatch = minibatch_from_uniforms(uniforms, data, inputs.client, may_be_smaller)
         gradient = estimator(state.position, minibatch, inputs.client, state.iteration)
         h = schedule(state.iteration)
+        if preconditioner is not None:
+            position, square_average = preconditioner.move(
+                state.position, gradient, h, normal, state.square_average, total_rows,
+                state.iteration == 0, noise)
+            return state._replace(position=position, iteration=state.iteration + 1,
+                                  square_average=square_average)
         if noise:
             position = langevin_move(state.position, gradient, h, normal)
         else:
@@ -174,6 +202,8 @@ def build_kernel(
     weight_scaling: Optional[jax.Array] = None,
     control_variates: Optional[ControlVariates] = None,
     private=None,
+    preconditioner=None,
+    total_rows=None,
 ):
     """DSGLD: the estimator (4) inside the client-visiting chain.
 
@@ -181,10 +211,13 @@ def build_kernel(
     variant for tests; leave ``None``). ``control_variates``: the estimator of
     :func:`~.estimators.dsgld_gradient_with_control_variates` instead of (4). ``private``:
     a :class:`fedmcmc.clipping.PrivateSteps` (clipped per-example gradients, distinct rows,
-    inflated noise; :mod:`fedmcmc.privacy`).
+    inflated noise; :mod:`fedmcmc.privacy`). ``preconditioner``, ``total_rows``: pSGLD's
+    (:func:`build_federated_kernel`); ``total_rows`` defaults to the rows of ``data``.
     """
     if private is not None:
         flat_model = private.model(flat_model)
+    if preconditioner is not None and total_rows is None:
+        total_rows = np.asarray(data.sizes).sum(dtype=np.int32)
     weights_in_estimator = client_weights if weight_scaling is None else weight_scaling
 
     def estimator(theta, minibatch, client, iteration):
@@ -196,5 +229,5 @@ def build_kernel(
 
     return build_federated_kernel(
         estimator, data, client_weights, batch_size, local_steps, schedule, noise,
-        flat_model.dim, flat_model.dtype, private,
+        flat_model.dim, flat_model.dtype, private, preconditioner, total_rows,
     )

@@ -32,6 +32,7 @@ from ..federation import ConcatenatedData
 from ..model import FlatModel
 from ..surrogates import GaussianSurrogates, ProductSurrogate, matvec
 from .dsgld import build_federated_kernel
+from .preconditioning import trust_radius_widening
 from .estimators import (
     ControlVariates,
     conducive_gradient_from_terms,
@@ -68,7 +69,8 @@ def noise_trace_from_moments(weights, means, second_moments) -> float:
     return float(w @ np.asarray(second_moments, np.float64) - mean @ mean)
 
 
-def auto_trust_radius(dim: int, step_size: float, noise_trace: float) -> float:
+def auto_trust_radius(dim: int, step_size: float, noise_trace: float,
+                      preconditioned_rows: Optional[int] = None) -> float:
     """``trust_radius="auto"``: the 1 - 1e-4 quantile of the *discretised chain's* distance to
     the centre.
 
@@ -77,13 +79,18 @@ def auto_trust_radius(dim: int, step_size: float, noise_trace: float) -> float:
     E[delta^T A delta] = d + (h/4) tr(C). The chi-square quantile of the posterior is
     therefore widened by 1 + (h/4) tr(C) / d. Without this, large minibatch noise would put
     the chain outside the radius often and the damping would change what is sampled.
+    ``preconditioned_rows``: N of a pSGLD chain (``preconditioning.trust_radius_widening``, an
+    upper bound of its widening); ``None``: not preconditioned.
     """
     # the chi-square quantile from scipy.special, exactly what scipy.stats.chi2.ppf(q, dim)
     # computes (chdtri(dim, 1 - q)): importing scipy.stats took about 0.6 s of every FSGLD
     # run's start-up, scipy.special about 0.15 s
     from scipy.special import chdtri
 
-    widening = 1.0 + step_size * noise_trace / (4.0 * dim)
+    if preconditioned_rows is None:
+        widening = 1.0 + step_size * noise_trace / (4.0 * dim)
+    else:
+        widening = trust_radius_widening(step_size, noise_trace, dim, preconditioned_rows)
     widening = max(widening, 1.0) if np.isfinite(widening) else 1.0  # tr C >= 0 up to rounding
     quantile = 1 - 1e-4
     return float(np.sqrt(chdtri(dim, 1.0 - quantile) * widening))
@@ -129,6 +136,8 @@ def build_kernel(
     trust_region: Optional[TrustRegion] = None,
     control_variates: Optional[ControlVariates] = None,
     private=None,
+    preconditioner=None,
+    total_rows=None,
 ):
     """The FSGLD update (5) with the exploration constant alpha of equation (7).
 
@@ -138,9 +147,14 @@ def build_kernel(
     per step, whatever the number of clients. ``control_variates``: equation (4)'s part
     with control variates (``estimators.dsgld_gradient_with_control_variates``).
     ``private``: a :class:`fedmcmc.clipping.PrivateSteps` (:mod:`fedmcmc.privacy`).
+    ``preconditioner``, ``total_rows``: pSGLD's (``dsgld.build_federated_kernel``; V averages
+    the whole estimate, conducive gradient included); ``total_rows`` defaults to the rows of
+    ``data``.
     """
     if private is not None:
         flat_model = private.model(flat_model)
+    if preconditioner is not None and total_rows is None:
+        total_rows = np.asarray(data.sizes).sum(dtype=np.int32)
     terms = conducive_terms(surrogates, global_surrogate, client_weights)
     if trust_region is not None and isinstance(trust_region.radius, (float, int, np.number)):
         # the radius as a device array, not a Python float: it comes from the data, and as an
@@ -165,7 +179,7 @@ def build_kernel(
 
     return build_federated_kernel(
         estimator, data, client_weights, batch_size, local_steps, schedule, noise,
-        flat_model.dim, flat_model.dtype, private,
+        flat_model.dim, flat_model.dtype, private, preconditioner, total_rows,
     )
 
 

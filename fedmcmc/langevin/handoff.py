@@ -101,6 +101,7 @@ class DSGLDParameters(NamedTuple):
     anchor: Any = None
     anchor_gradient: Any = None
     step_size: Any = None
+    total_rows: Any = None  # N, the federation's rows: pSGLD's scale of V (None: none)
 
 
 class FSGLDParameters(NamedTuple):
@@ -119,6 +120,7 @@ class FSGLDParameters(NamedTuple):
     trust_center: Any = None
     trust_precision: Any = None
     trust_radius: Any = None
+    total_rows: Any = None  # N, the federation's rows: pSGLD's scale of V (None: none)
 
 
 #: the share models of :func:`_own_share`, one per (model, S), while the model lives: the
@@ -194,7 +196,9 @@ def _client_noise_statistics(flat_model, batch_size: int, full: bool, size: int,
 
 class DSGLDProtocol(HandoffProtocol):
     """DSGLD (FSGLD equations (3)-(4)): the position travels; a client's update uses the
-    estimator (4) with its own minibatches and its f_s."""
+    estimator (4) with its own minibatches and its f_s. With a ``preconditioner`` (pSGLD,
+    ``preconditioning.py``) the carry is (theta, V): the running average travels with the
+    chain, and the server sends every client N (``total_rows``), the scale of V."""
 
     name = "DSGLD"
     update_reads_only_rows = True  # _kernel reads the context's flat_model and data only
@@ -202,8 +206,9 @@ class DSGLDProtocol(HandoffProtocol):
     def __init__(self, step_size, batch_size: int, local_steps: int, noise: bool = True,
                  divergence_threshold: float = 1e10, anchor=None, client_weights=None,
                  setup: Optional[ClientSetup] = None,
-                 run_request: Optional[run_length.RunRequest] = None):
+                 run_request: Optional[run_length.RunRequest] = None, preconditioner=None):
         self.setup = setup
+        self.preconditioner = preconditioner
         # the run's length as asked ("auto" thin / burn_in resolved by prepare), or None
         self.run_request = run_request
         # anchor: (d,) shared by every client, or (S, d): each client's own
@@ -219,6 +224,12 @@ class DSGLDProtocol(HandoffProtocol):
         self.local_steps = int(local_steps)
         self.noise = bool(noise)
         self.divergence_threshold = float(divergence_threshold)
+
+    def init_carry(self, position):
+        """(theta,), or (theta, V) with a preconditioner (V zeros until the first update)."""
+        if self.preconditioner is None:
+            return (position,)
+        return (position, np.zeros_like(position))
 
     def scheduler_weights(self, prepared: HandoffSetup, federation_weights):
         """The f_s the set-up chose (``client_selection``), else the federation's."""
@@ -401,10 +412,14 @@ class DSGLDProtocol(HandoffProtocol):
         self._prepare_variates(server, chosen.anchor)
         return chosen
 
-    def _shared_entries(self, prepared: HandoffSetup, client: int) -> Dict[str, Any]:
-        """Client ``client``'s anchor, and the h the set-up chose (the clients' copy of the
-        protocol says ``"auto"``, or the h it checked)."""
+    def _shared_entries(self, prepared: HandoffSetup, client: int,
+                        server: Optional[ServerSide] = None) -> Dict[str, Any]:
+        """Client ``client``'s anchor, the h the set-up chose (the clients' copy of the
+        protocol says ``"auto"``, or the h it checked), and with a preconditioner N, the
+        federation's rows (``server.sizes``)."""
         entries: Dict[str, Any] = {}
+        if self.preconditioner is not None:
+            entries["total_rows"] = np.float32(np.sum(server.sizes))
         if prepared.anchor is not None:
             entries["anchor"] = self._anchor_for(prepared.anchor, client)
         if self.setup is not None:
@@ -412,7 +427,8 @@ class DSGLDProtocol(HandoffProtocol):
         return entries
 
     def client_parameters(self, server, prepared: HandoffSetup, weights, clients):
-        return [DSGLDParameters(weight=np.float32(weights[s]), **self._shared_entries(prepared, s))
+        return [DSGLDParameters(weight=np.float32(weights[s]),
+                                **self._shared_entries(prepared, s, server))
                 for s in clients]
 
     def complete_parameters(self, context, parameters):
@@ -424,7 +440,8 @@ class DSGLDProtocol(HandoffProtocol):
         return dsgld.build_kernel(
             context.flat_model, context.data, parameters.weight[None], self.batch_size,
             self.local_steps, self._schedule(parameters), self.noise,
-            control_variates=self._variates(parameters))
+            control_variates=self._variates(parameters), preconditioner=self.preconditioner,
+            total_rows=parameters.total_rows)
 
     def build_update(self, context, parameters):
         step = self._kernel(context, parameters)
@@ -439,7 +456,10 @@ class DSGLDProtocol(HandoffProtocol):
                                      flat_model.dtype)
             block = jax.tree_util.tree_map(lambda leaf: leaf[None], noises)
             state = dsgld.init(carry[0], 1)._replace(iteration=update_step.iteration)
-            return (run_updates(step, block, state).position,)
+            if self.preconditioner is None:
+                return (run_updates(step, block, state).position,)
+            state = run_updates(step, block, state._replace(square_average=carry[1]))
+            return (state.position, state.square_average)
 
         return update
 
@@ -457,9 +477,9 @@ class FSGLDProtocol(DSGLDProtocol):
                  radius_probes_per_client: int, noise: bool = True,
                  divergence_threshold: float = 1e10, anchor=None, client_weights=None,
                  setup: Optional[ClientSetup] = None,
-                 run_request: Optional[run_length.RunRequest] = None):
+                 run_request: Optional[run_length.RunRequest] = None, preconditioner=None):
         super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold, anchor,
-                         client_weights, setup, run_request)
+                         client_weights, setup, run_request, preconditioner)
         self.surrogate = surrogate
         self.alpha = float(alpha)
         self.alpha_warmup = int(alpha_warmup)
@@ -636,16 +656,18 @@ class FSGLDProtocol(DSGLDProtocol):
                 if len(kept) < len(weights):
                     share = share / share.sum()
                 trace = fsgld.noise_trace_from_moments(share, means, second)
+                rows = (None if self.preconditioner is None
+                        else int(np.sum(server.sizes)))
                 radius = fsgld.auto_trust_radius(server.flat_model.dim,
                                                  self._first_step_size(prepared.step_size),
-                                                 trace)
+                                                 trace, rows)
             trust = (np.asarray(center), np.asarray(metric), np.float32(radius))
             server.info["trust_radius"] = radius
         else:
             server.info["trust_radius"] = None
         parameters: List[FSGLDParameters] = []
         for s in kept.tolist():
-            entry: Dict[str, Any] = self._shared_entries(prepared, s)
+            entry: Dict[str, Any] = self._shared_entries(prepared, s, server)
             if given:
                 entry.update(precision=precisions[s], shift=shifts[s])
             if trust is not None:
@@ -676,5 +698,6 @@ class FSGLDProtocol(DSGLDProtocol):
             surrogate_module.ProductSurrogate(parameters.global_precision,
                                               parameters.global_shift),
             fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise, trust,
-            control_variates=self._variates(parameters))
+            control_variates=self._variates(parameters), preconditioner=self.preconditioner,
+            total_rows=parameters.total_rows)
 

@@ -26,11 +26,18 @@ __all__ = ["SGLDState", "StepNoise", "LangevinStep", "run_updates", "init", "noi
 class SGLDState(NamedTuple):
     position: jax.Array  # flat theta
     iteration: jax.Array  # int32, t
+    #: pSGLD's running average V of g * g (``preconditioning.py``); None: not preconditioned
+    square_average: Optional[jax.Array] = None
 
 
-def init(position: jax.Array) -> SGLDState:
+def init(position: jax.Array, preconditioner=None) -> SGLDState:
+    """The chain at ``position`` (with the preconditioner's V when one is given)."""
     # the counter is put on the device from the host: no eager program of its own
-    return SGLDState(position=position, iteration=device_array(np.zeros((), np.int32)))
+    state = SGLDState(position=position, iteration=device_array(np.zeros((), np.int32)))
+    if preconditioner is not None:
+        state = state._replace(square_average=device_array(
+            np.zeros(np.shape(position), position.dtype)))
+    return state
 
 
 class StepNoise(NamedTuple):
@@ -121,6 +128,7 @@ def build_kernel(
     schedule: Callable,
     noise: bool = True,
     private=None,
+    preconditioner=None,
 ):
     """SGLD on the pooled data (the centralised baseline).
 
@@ -129,7 +137,13 @@ def build_kernel(
     ``batch_size >= N`` uses every example once (the exact gradient; :mod:`fedmcmc.minibatch`).
     ``private``: a :class:`fedmcmc.clipping.PrivateSteps` (:mod:`fedmcmc.privacy`): clipped
     per-example gradients, distinct rows, the noise times ``noise_inflation[0]``.
+    ``preconditioner``: a :class:`~.preconditioning.RMSPropPreconditioner` (pSGLD, Li et al.
+    2016): the update is its :meth:`~.preconditioning.RMSPropPreconditioner.move`, with V in
+    ``state.square_average`` (start from :func:`init` given the preconditioner).
     """
+    if private is not None and preconditioner is not None:
+        raise ValueError("preconditioner cannot be combined with private: the privacy "
+                         "accounting assumes the noise N(0, h I)")
     # N, on the host (the sizes are concrete when the kernel is built), as the int32 it was
     total = np.asarray(data.sizes).sum(dtype=np.int32)
     dim = flat_model.dim
@@ -155,10 +169,16 @@ def build_kernel(
         theta = state.position
         gradient = flat_model.grad_log_prior(theta) + likelihood_gradient(flat_model, theta, minibatch)
         h = schedule(state.iteration)
+        if preconditioner is not None:
+            position, square_average = preconditioner.move(
+                theta, gradient, h, normal, state.square_average, total, state.iteration == 0,
+                noise)
+            return state._replace(position=position, iteration=state.iteration + 1,
+                                  square_average=square_average)
         if noise:
             position = langevin_move(theta, gradient, h, normal)
         else:
             position = theta + 0.5 * h * gradient
-        return SGLDState(position=position, iteration=state.iteration + 1)
+        return state._replace(position=position, iteration=state.iteration + 1)
 
     return LangevinStep(noise=noise_of, apply=apply)
