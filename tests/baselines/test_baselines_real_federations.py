@@ -4,7 +4,7 @@ of very unequal sizes, exact or NUTS references on the pooled rows).
 
 * QLSD and FA-LD with ``step_size="auto"``, ``thin="auto"``, ``burn_in="auto"`` are within
   the issue's bar (every |z| < 0.15, every sd ratio in [0.85, 1.15]), R-hat below 1.05 and
-  bulk ESS above 100 (FA-LD on grouseticks: see ``CASES``). FA-LD runs one local step per round: with more, its client drift
+  bulk ESS above 100. FA-LD runs one local step per round: with more, its client drift
   biases the mean whatever the run length (Plassier et al.), which the set-up predicts
   from the same Laplace fits and reports with a ``ClientDriftWarning`` (checked on
   exam-schools, where 10 local steps at the benchmark's step gave max |z| 0.26 measured
@@ -47,14 +47,14 @@ def figures(outcome, seconds):
             f"{info.get('step_size_exact')}, minibatch ratio {info.get('minibatch_noise_ratio')}")
 
 
-# FA-LD (one local step, full batches: ULA) on grouseticks mixed 7x slower than predicted
-# (bulk ESS 51 against 370 predicted, R-hat 1.06, max |z| 0.167), where QLSD at the same h
-# and thin had ESS 439 and passed; the run's ConvergenceWarning reported it. Not understood.
-CASES = [pytest.param(name, algorithm, marks=pytest.mark.xfail(
-             reason="FA-LD on grouseticks: ESS 51 of 370 predicted (reported by a "
-                    "ConvergenceWarning); cause not found", strict=False))
-         if (name, algorithm) == ("grouseticks", "FALD") else (name, algorithm)
-         for name in REAL_FEDERATIONS for algorithm in ALGORITHMS]
+# FA-LD on grouseticks (one local step, every client within batch_size: ULA) was xfailed
+# with figures (bulk ESS 51 of 370 predicted, R-hat 1.06) that no run reproduces, at this
+# commit or at the xfail's (f5a2dcf): seed 1 gives bulk ESS 447, R-hat 1.004, max |z| 0.072
+# (QLSD: 439, as recorded then); seeds 2-6 a smallest bulk ESS of 314 to 505, R-hat <= 1.014.
+# The prediction holds mode by mode: h lambda_max / 2 = 0.10 (no oscillation), the slowest
+# Laplace mode's lag-1 autocorrelation of kept draws 0.32 measured, 0.37 predicted, and the
+# draws' smallest precision eigenvalue 114 against the fit's 107.
+CASES = [(name, algorithm) for name in REAL_FEDERATIONS for algorithm in ALGORITHMS]
 
 
 @pytest.mark.parametrize("name,algorithm", CASES)
