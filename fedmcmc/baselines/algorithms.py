@@ -40,9 +40,9 @@ from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
 from ..callsite import user_stacklevel
 from ..checkpoint import resume_from, split_run_options
-from ..engines.session import client_failure_error
 from ..engines.local import run_chains
-from ..results import assemble_result, divergence_details, diverged_error
+from ..results import (assemble_result, client_failure_error, divergence_details,
+                       diverged_error, finish_run)
 from .. import privacy as privacy_module
 from ..clipping import PrivateSteps
 from ..privacy import as_privacy
@@ -445,14 +445,13 @@ class FALD(_Baseline):
         info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
         return self._result(run, flat_model, info, thin, start_draw)
 
-    def _result(self, run, flat_model, info, thin, start_draw=0):
-        result = assemble_result(run, algorithm=self.name,
-                                 unravel=lambda draws: unravel_numpy(flat_model, draws),
-                                 info=info, dim=flat_model.dim, thin=thin, start_draw=start_draw)
-        if run.diverged.any():
-            raise diverged_error(self.name, result, divergence_details(run, thin),
-                                 _diverged_cause(self, "lower step_size or local_steps"))
-        return result
+    def _result(self, run, flat_model, info, thin, start_draw=0, label=None):
+        """The run's result or its error (:func:`fedmcmc.results.finish_run`; ``label``: a
+        message-passing engine's)."""
+        return finish_run(run, name=self.name, info=info, dim=flat_model.dim, thin=thin,
+                          start_draw=start_draw, label=label,
+                          unravel=lambda draws: unravel_numpy(flat_model, draws),
+                          divergence_cause=_diverged_cause(self, "lower step_size or local_steps"))
 
     def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
@@ -466,10 +465,8 @@ class FALD(_Baseline):
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                       progress=progress, run_request=run_request)
-        result = self._result(out.run, model.flatten(init), out.info, out.info["thin"])
-        if out.run.failure is not None:
-            raise client_failure_error(self.name, engine.label, out.run, result)
-        return result
+        return self._result(out.run, model.flatten(init), out.info, out.info["thin"],
+                            label=engine.label)
 
 
 # ------------------------------------------------------------------------------ QLSD
@@ -695,9 +692,10 @@ class QLSD(_Baseline):
         return self._result(run, flat_model, info, thin, chains,
                             np.asarray(run.state.position)[0], start_draw)
 
-    def _result(self, run, flat_model, info, thin, chains, final, start_draw=0):
+    def _result(self, run, flat_model, info, thin, chains, final, start_draw=0, label=None):
         """The result of a run whose chains were one state: ``final`` their last positions
-        ``(chains, d)`` (which name the diverged ones)."""
+        ``(chains, d)`` (which name the diverged ones); or its error
+        (:func:`fedmcmc.results.finish_run`; ``label``: a message-passing engine's)."""
         dim = flat_model.dim
 
         def unravel(folded):
@@ -705,9 +703,7 @@ class QLSD(_Baseline):
             kept = folded.shape[1]
             return unravel_numpy(flat_model, folded[0].reshape(kept, chains, dim).transpose(1, 0, 2))
 
-        result = assemble_result(run, algorithm=self.name, unravel=unravel, info=info, dim=dim,
-                                 thin=thin, start_draw=start_draw, sample_stats={})
-        if run.diverged.any():
+        def diverged(result):
             # the chains share one engine state, so they all stop at the first bad draw;
             # name the ones whose final position is bad
             bad = ~np.all(np.isfinite(final) & (np.abs(final) < self.divergence_threshold), axis=1)
@@ -715,9 +711,12 @@ class QLSD(_Baseline):
             first = int(run.first_bad_draw[0])
             details = [{"chain": int(c), "draw": first, "iteration": (first + 1) * thin}
                        for c in chains_bad]
-            raise diverged_error(self.name, result, details, _diverged_cause(
+            return diverged_error(self.name, result, details, _diverged_cause(
                 self, "lower step_size (all chains stop at that draw)"))
-        return result
+
+        return finish_run(run, name=self.name, info=info, dim=dim, thin=thin,
+                          start_draw=start_draw, sample_stats={}, label=label, unravel=unravel,
+                          divergence_error=diverged)
 
     def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
@@ -732,11 +731,8 @@ class QLSD(_Baseline):
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                       progress=progress, run_request=run_request)
         out.info["chains"] = chains
-        result = self._result(out.run, model.flatten(init), out.info, out.info["thin"], chains,
-                              np.asarray(out.state.position))
-        if out.run.failure is not None:
-            raise client_failure_error(self.name, engine.label, out.run, result)
-        return result
+        return self._result(out.run, model.flatten(init), out.info, out.info["thin"], chains,
+                            np.asarray(out.state.position), label=engine.label)
 
 
 # ------------------------------------------------------------------------------ ConsensusMC

@@ -45,7 +45,7 @@ from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
 from ..diagnostics import bias_estimate
 from ..model import unravel_draws_numpy
-from ..results import SamplingDivergedError, assemble_result, divergence_details, diverged_error
+from ..results import SamplingDivergedError, divergence_details, diverged_error, finish_run
 from ..schedules import decaying_schedule
 from . import graphs as graph_module
 from . import kernels, tuning
@@ -598,11 +598,11 @@ class _Decentralised(Algorithm):
                 info["bias_estimate"] = estimate
                 _warn_if_biased(self.name, estimate, self.tolerance, self.step_size == AUTO,
                                 info, min_ess)
-        result = assemble_result(run, algorithm=self.name, info=info, dim=dim, thin=thin,
-                                 start_draw=start_draw, unravel=lambda draws: samples)
-        if run.diverged.any():
-            raise self.stopped_error(result, run, thin, spread_limit, problems)
-        return result
+        return finish_run(
+            run, name=self.name, info=info, dim=dim, thin=thin, start_draw=start_draw,
+            unravel=lambda draws: samples,
+            divergence_error=lambda result: self.stopped_error(result, run, thin, spread_limit,
+                                                               problems))
 
     def stopped_error(self, result, run, thin: int, spread_limit: Optional[float],
                       problems) -> SamplingDivergedError:

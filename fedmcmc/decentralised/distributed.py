@@ -50,11 +50,11 @@ from ..engines.comm import gather as comm_gather
 from ..engines.driver import ChainRun
 from ..engines.local import iteration_key
 from ..engines.neighbour import NeighbourClient
-from ..engines.session import client_failure_error, protocol_session
+from ..engines.session import protocol_session
 from ..minibatch import likelihood_gradient, take_minibatch
 from ..model import unravel_draws_numpy
 from ..protocols import ClientContext, NeighbourProtocol
-from ..results import assemble_result
+from ..results import assemble_result, client_failure_error
 from ..schedules import decaying_schedule
 from . import kernels
 

@@ -56,8 +56,6 @@ from ..algorithm import (
 )
 from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
-from ..engines.session import client_failure_error
-from ..results import SamplingDivergedError
 from . import privacy as privacy_module
 from .boomerang import BoomerangSpec
 from .bps import BPSSpec
@@ -275,20 +273,10 @@ class _FedPDMP(Algorithm):
             run_sums=lambda resolved_burn_in: run_sums(resolved_burn_in, num_samples, d,
                                                        chains)[:2],
             run_request=run_request)
-        run, failure, messages = distributed.run, distributed.failure, distributed.messages
-        try:
-            result = finish(self, run, distributed.built, num_samples=num_samples,
-                            chains=chains, skeleton_size=skeleton_size)
-        except (SamplingDivergedError, PDMPBoundError) as error:
-            error.result.info.update(messages)
-            if failure is None:
-                raise
-            result = error.result  # the worker's failure is what stopped the run
-        else:
-            result.info.update(messages)
-        if failure is not None:
-            raise client_failure_error(self.name, engine.label, run, result, role="worker")
-        return result
+        # the transport's message counts replace those of the event rounds in info
+        return finish(self, distributed.run, distributed.built, num_samples=num_samples,
+                      chains=chains, skeleton_size=skeleton_size,
+                      session_figures=distributed.messages, label=engine.label)
 
     def _sample(self, model, federation, init, num_samples, burn_in, chains, seed, progress,
                 skeleton_size, init_jitter, rate_diagnostics, run_options, run_request=None):

@@ -23,12 +23,12 @@ import numpy as np
 from .. import run_length
 from ..arrays import device_array
 from ..model import unravel_draws_numpy
-from ..results import assemble_result, divergence_details, diverged_error
+from ..results import finish_run
 from . import federated, privacy as privacy_module
 from .zigzag import ZigZagSpec
 
 __all__ = ["ess_from_batch_sums", "PDMPBoundError", "RATE_KEYS", "RunSums", "batch_length_of",
-           "positions_only", "run_sums", "finish"]
+           "positions_only", "run_sums", "run_figures", "finish", "raise_bound_errors"]
 
 
 def ess_from_batch_sums(batch_sums: np.ndarray, batch_length: int, variance: np.ndarray) -> np.ndarray:
@@ -123,16 +123,13 @@ def run_sums(burn_in: int, num_samples: int, d: int, chains: int):
     return accumulate, sums, b
 
 
-
-def finish(algorithm, run, built, *, num_samples: int, chains: int, skeleton_size: int):
-    """The :class:`~fedmcmc.results.Result` of a Fed-PDMC run (``built``: its
-    :class:`~.setup.BuiltSampler`, whose ``info`` holds the set-up's figures): ``info``
-    gets the run's (process time, trajectory moments, events, rejections, bound
-    violations, rounds and messages, rate means, batch-means ESS, skeleton) from the
-    chain states, then the draws; or the error that stopped the run, carrying that result
-    (diverged chains, :class:`PDMPBoundError`)."""
-    cfg, out_model, info, on_violation = (built.config, built.output_model, built.info,
-                                          built.on_violation)
+def run_figures(algorithm, run, built, *, num_samples: int, chains: int,
+                skeleton_size: int) -> dict:
+    """``built.info`` (the set-up's figures; ``built``: the run's
+    :class:`~.setup.BuiltSampler`) with the run's, from the chain states: process time,
+    trajectory moments, events, rejections, bound violations, rounds and the messages of
+    the event rounds, rate means, batch-means ESS, skeleton."""
+    cfg, info = built.config, built.info
     burn_in = cfg.burn_in  # resolved ("auto")
     batch_length = batch_length_of(num_samples)
     d = cfg.dim
@@ -227,17 +224,42 @@ def finish(algorithm, run, built, *, num_samples: int, chains: int, skeleton_siz
         info["skeleton_positions"] = [st.sk_x[c, : n[c]].tolist() for c in range(chains)]
         info["skeleton_velocities"] = [st.sk_v[c, : n[c]].tolist() for c in range(chains)]
         info["skeleton_truncated"] = bool(np.any(st.sk_n >= skeleton_size))
+    return info
 
-    result = assemble_result(
-        run, algorithm=algorithm.name, info=info, dim=d, thin=None,  # draws are not iterations
-        burn_in=burn_in,
-        unravel=lambda draws: unravel_draws_numpy(out_model, np.asarray(draws)[..., :d]))
-    if run.diverged.any():
-        raise diverged_error(
-            algorithm.name, result, divergence_details(run, thin=None),
-            f"diverged (non-finite or |x| > {algorithm.divergence_threshold:g}); check the "
-            "model's rate bounds")
-    if bool(np.any(st.overflow)):
+
+def finish(algorithm, run, built, *, num_samples: int, chains: int, skeleton_size: int,
+           session_figures=None, label=None):
+    """The :class:`~fedmcmc.results.Result` of a Fed-PDMC run
+    (:func:`fedmcmc.results.finish_run` of its :func:`run_figures`; on a message-passing
+    engine, ``label``, updated with the session's ``session_figures``: the transport's
+    message counts replace those of the event rounds), or the error that stopped it,
+    carrying that result: a worker's failure, diverged chains, a
+    :class:`PDMPBoundError`."""
+    info = run_figures(algorithm, run, built, num_samples=num_samples, chains=chains,
+                       skeleton_size=skeleton_size)
+    if session_figures is not None:
+        info.update(session_figures)
+    d, out_model = built.config.dim, built.output_model
+    overflow = bool(np.any(np.asarray(run.state[0].overflow)))
+
+    def bound_checks(result):
+        raise_bound_errors(algorithm, result, overflow, built.on_violation)
+
+    return finish_run(
+        run, name=algorithm.name, info=info, dim=d, label=label, role="worker",
+        thin=None,  # draws are not iterations
+        burn_in=built.config.burn_in,
+        unravel=lambda draws: unravel_draws_numpy(out_model, np.asarray(draws)[..., :d]),
+        divergence_cause=(f"diverged (non-finite or |x| > {algorithm.divergence_threshold:g}); "
+                          "check the model's rate bounds"),
+        checks=bound_checks)
+
+
+def raise_bound_errors(algorithm, result, overflow: bool, on_violation: str) -> None:
+    """The :class:`PDMPBoundError` of a run whose event simulation hit its limit
+    (``overflow``), or whose rate bounds were exceeded with ``on_violation="error"``."""
+    info = result.info
+    if overflow:
         raise PDMPBoundError(
             f"{algorithm.name}: the event simulation hit its limit (max_thinning={algorithm.max_thinning} "
             f"proposals for one event, or max_events_per_draw={algorithm.max_events_per_draw} events "
@@ -250,5 +272,4 @@ def finish(algorithm, run, built, *, num_samples: int, chains: int, skeleton_siz
             f"{info['bound_violations_per_worker']}): the model's Hessian/rate bound is too "
             "small, so thinning would sample the wrong distribution. Fix the bound, or pass "
             "on_bound_violation='enlarge' to double it automatically.", result)
-    return result
 
