@@ -432,21 +432,21 @@ class _Decentralised(Algorithm):
                           options, setup=False if federation.is_deferred else None)
         settings, problems = plan.settings, plan.problems
         resolved = self._resolved(settings)
+        family_info = dict(settings.info)
+        family_info.update(_prediction_info(settings, self.tolerance))
+        family_info.update(plan.run_info)
+        family_info["step_size"] = _describe_step(settings.step_size)
+        family_info["condition_1"] = problems
+        family_info["spread_limit"] = (resolved.spread_limit_value
+                                       if resolved.spread_limit_value is not None else "off")
         result, run = sample_decentralised(
             resolved, model, federation, engine, init=init,
             num_samples=num_samples, burn_in=plan.burn_in, thin=plan.thin, chains=chains,
-            seed=seed, progress=progress, **options,
+            seed=seed, progress=progress, family_info=family_info,
+            divergence_error=lambda result, run: self.stopped_error(
+                result, run, plan.thin, resolved.spread_limit_value, problems),
+            **options,
         )
-        result.info.update(settings.info)
-        result.info.update(_prediction_info(settings, self.tolerance))
-        result.info.update(plan.run_info)
-        result.info["step_size"] = _describe_step(settings.step_size)
-        result.info["condition_1"] = problems
-        result.info["spread_limit"] = (resolved.spread_limit_value
-                                       if resolved.spread_limit_value is not None else "off")
-        if run.diverged.any():
-            raise self.stopped_error(result, run, plan.thin, resolved.spread_limit_value,
-                                     problems)
         if "bias_estimate" in result.info:
             _warn_if_biased(self.name, result.info["bias_estimate"], self.tolerance,
                             self.step_size == AUTO, result.info, plan.min_ess)
