@@ -1,10 +1,13 @@
 """Public classes ``FedZigZag``, ``FedBPS``, ``FedBoomerang`` (Fed-PDMC, Bierkens & Duncan 2022).
 
-They resolve the model's rate bounds, place the prior, set the privacy rate,
-build the federated kernel of :mod:`.federated` and run it with
-:func:`fedmcmc.engines.local.run_chains` (one ``draw_step`` = advance one chain
-by ``sample_interval`` units of process time). Trajectories are simulated in
-float64 (``jax.enable_x64``); draws are returned in the dtype of ``init``.
+They check their options and set the privacy rate; :mod:`.setup` resolves the model's
+rate bounds, places the prior and builds the federated kernel of :mod:`.federated`
+(:func:`.setup.build_sampler`), which ``sample_local`` runs with
+:func:`fedmcmc.engines.local.run_chains` (one ``draw_step`` = advance one chain by
+``sample_interval`` units of process time) and ``sample_distributed`` with one endpoint per
+worker (:mod:`.distributed`); :mod:`.output` makes the result of either
+(:func:`.output.finish`). Trajectories are simulated in float64 (``jax.enable_x64``); draws
+are returned in the dtype of ``init``.
 
 ``fm.sample(..., thin=...)`` does not apply to these algorithms (``info["thin"]`` is 1):
 draws are taken every ``sample_interval`` units of process time and ``burn_in`` counts
