@@ -39,7 +39,7 @@ of their proposals (with one chain, ``info["event_iterations"]`` = ``info
                     in-process transport (workers in this process, same messages as on Ray);
 * ``ray``        -- the same protocol with one Ray actor per worker (``RayTransport``, the
                     transport ``fm.sample(..., engine="ray")`` builds; called through
-                    ``_FedPDMP._sample_distributed`` like ``inprocess`` so that the
+                    ``FedZigZag._sample_distributed`` like ``inprocess`` so that the
                     ``on_chunk`` timer below is called, which ``fm.sample`` does not pass on
                     to the Ray engine). Its broadcasts travel through the actors' direct
                     channels (``fedmcmc.engines.channel``), the engine's default; a line

@@ -1,17 +1,23 @@
-"""The object every sampler returns, and the error a diverging chain raises."""
+"""The object every sampler returns, the errors that stop a run, and the one way a run ends.
+
+:func:`finish_run` turns a family's chain run (``fedmcmc.engines.driver.ChainRun``, on any
+engine) and its ``info`` into its :class:`Result` (:func:`assemble_result`), or raises the
+error that stopped it, carrying that result: a client's failure
+(:class:`ClientFailureError`), diverged chains (:class:`SamplingDivergedError`), or what
+the family checks last (a PDMP's bound errors)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import jax
 import numpy as np
 
 PyTree = Any
 
-__all__ = ["Result", "SamplingDivergedError", "assemble_result", "divergence_details",
-           "diverged_error"]
+__all__ = ["Result", "SamplingDivergedError", "ClientFailureError", "assemble_result",
+           "divergence_details", "diverged_error", "client_failure_error", "finish_run"]
 
 
 def flatten_names(tree: PyTree) -> Dict[str, np.ndarray]:
@@ -124,6 +130,21 @@ class SamplingDivergedError(RuntimeError):
         self.details = details
 
 
+class ClientFailureError(RuntimeError):
+    """The run stopped because a client failed (``on_client_failure="stop"``).
+
+    ``result`` holds every draw received before the failure (chains that had
+    fewer draws than others are padded with NaN; ``result.info["draws_per_chain"]``
+    says how many are real); ``client`` and ``reason`` say what failed.
+    """
+
+    def __init__(self, message: str, result, client: int, reason: str):
+        super().__init__(message)
+        self.result = result
+        self.client = client
+        self.reason = reason
+
+
 def assemble_result(run, *, algorithm: str, unravel, info: Dict[str, Any], dim: int,
                     thin: Optional[int] = 1, burn_in: int = 0, start_draw: int = 0,
                     sample_stats: Optional[Dict[str, np.ndarray]] = None) -> Result:
@@ -199,3 +220,52 @@ def diverged_error(algorithm: str, result: Optional[Result], details: list, caus
     return SamplingDivergedError(
         f"{algorithm}: {len(chains)} chain(s) stopped: {where}: {cause}. The draws made "
         "before are in error.result", result, chains, details)
+
+
+def client_failure_error(name: str, label: str, run, result, role: str = "client",
+                         detail: str = "") -> ClientFailureError:
+    """The error of a run a client's failure stopped (``run.failure``), carrying ``result``
+    (every draw made before it): the one message of every pattern. ``role``: what the
+    pattern calls a client (``"worker"``, ``"agent"``); ``detail``: what the pattern adds
+    (where the chains stopped, what would have continued)."""
+    failure = run.failure
+    return ClientFailureError(
+        f"{name} (engine={label!r}): {role} {failure.client} failed ({failure.reason}); the "
+        f"run stopped after {run.draws_done} draw(s), which are in error.result"
+        + (f" ({detail})" if detail else ""), result, failure.client, failure.reason)
+
+
+def finish_run(run, *, name: str, info: Dict[str, Any], dim: int, unravel,
+               label: Optional[str] = None, thin: Optional[int] = 1, burn_in: int = 0,
+               start_draw: int = 0, sample_stats=None, role: str = "client",
+               failure_detail: str = "", divergence_stats=(),
+               divergence_cause: str = "diverged (non-finite draws); lower step_size",
+               divergence_error: Optional[Callable[[Result], Exception]] = None,
+               checks: Optional[Callable[[Result], None]] = None) -> Result:
+    """The end of every run, on every engine: its :class:`Result`
+    (:func:`assemble_result` of the driver's ``run`` with ``info``: the family's figures,
+    and on a message-passing engine the session's), or the error that stopped it, carrying
+    that result, in this order:
+
+    1. a client's failure (``run.failure``; :func:`client_failure_error`, ``role`` and
+       ``failure_detail`` as there);
+    2. diverged chains: ``divergence_error(result)`` where the family words its own, else
+       :func:`diverged_error` with the per-draw ``divergence_stats`` and ``divergence_cause``
+       (named ``"<name> (engine=<label>)"`` on a message-passing engine);
+    3. ``checks(result)``: what the family checks last (raises its own errors).
+
+    ``label``: the engine's (``None``: the in-process engine, whose runs have no client
+    failures)."""
+    result = assemble_result(run, algorithm=name, info=info, dim=dim, thin=thin,
+                             burn_in=burn_in, start_draw=start_draw,
+                             sample_stats=sample_stats, unravel=unravel)
+    if run.failure is not None:
+        raise client_failure_error(name, label, run, result, role, failure_detail)
+    if run.diverged.any():
+        if divergence_error is not None:
+            raise divergence_error(result)
+        raise diverged_error(name if label is None else f"{name} (engine={label!r})", result,
+                             divergence_details(run, thin, divergence_stats), divergence_cause)
+    if checks is not None:
+        checks(result)
+    return result

@@ -40,9 +40,8 @@ from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
 from ..callsite import user_stacklevel
 from ..checkpoint import resume_from, split_run_options
-from ..engines.session import client_failure_error
 from ..engines.local import run_chains
-from ..results import assemble_result, divergence_details, diverged_error
+from ..results import client_failure_error, divergence_details, diverged_error, finish_run
 from .. import privacy as privacy_module
 from ..clipping import PrivateSteps
 from ..privacy import as_privacy
@@ -445,14 +444,13 @@ class FALD(_Baseline):
         info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
         return self._result(run, flat_model, info, thin, start_draw)
 
-    def _result(self, run, flat_model, info, thin, start_draw=0):
-        result = assemble_result(run, algorithm=self.name,
-                                 unravel=lambda draws: unravel_numpy(flat_model, draws),
-                                 info=info, dim=flat_model.dim, thin=thin, start_draw=start_draw)
-        if run.diverged.any():
-            raise diverged_error(self.name, result, divergence_details(run, thin),
-                                 _diverged_cause(self, "lower step_size or local_steps"))
-        return result
+    def _result(self, run, flat_model, info, thin, start_draw=0, label=None):
+        """The run's result or its error (:func:`fedmcmc.results.finish_run`; ``label``: a
+        message-passing engine's)."""
+        return finish_run(run, name=self.name, info=info, dim=flat_model.dim, thin=thin,
+                          start_draw=start_draw, label=label,
+                          unravel=lambda draws: unravel_numpy(flat_model, draws),
+                          divergence_cause=_diverged_cause(self, "lower step_size or local_steps"))
 
     def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
@@ -466,10 +464,8 @@ class FALD(_Baseline):
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                       progress=progress, run_request=run_request)
-        result = self._result(out.run, model.flatten(init), out.info, out.info["thin"])
-        if out.run.failure is not None:
-            raise client_failure_error(self.name, engine.label, out.run, result)
-        return result
+        return self._result(out.run, model.flatten(init), out.info, out.info["thin"],
+                            label=engine.label)
 
 
 # ------------------------------------------------------------------------------ QLSD
@@ -695,9 +691,10 @@ class QLSD(_Baseline):
         return self._result(run, flat_model, info, thin, chains,
                             np.asarray(run.state.position)[0], start_draw)
 
-    def _result(self, run, flat_model, info, thin, chains, final, start_draw=0):
+    def _result(self, run, flat_model, info, thin, chains, final, start_draw=0, label=None):
         """The result of a run whose chains were one state: ``final`` their last positions
-        ``(chains, d)`` (which name the diverged ones)."""
+        ``(chains, d)`` (which name the diverged ones); or its error
+        (:func:`fedmcmc.results.finish_run`; ``label``: a message-passing engine's)."""
         dim = flat_model.dim
 
         def unravel(folded):
@@ -705,9 +702,7 @@ class QLSD(_Baseline):
             kept = folded.shape[1]
             return unravel_numpy(flat_model, folded[0].reshape(kept, chains, dim).transpose(1, 0, 2))
 
-        result = assemble_result(run, algorithm=self.name, unravel=unravel, info=info, dim=dim,
-                                 thin=thin, start_draw=start_draw, sample_stats={})
-        if run.diverged.any():
+        def diverged(result):
             # the chains share one engine state, so they all stop at the first bad draw;
             # name the ones whose final position is bad
             bad = ~np.all(np.isfinite(final) & (np.abs(final) < self.divergence_threshold), axis=1)
@@ -715,9 +710,12 @@ class QLSD(_Baseline):
             first = int(run.first_bad_draw[0])
             details = [{"chain": int(c), "draw": first, "iteration": (first + 1) * thin}
                        for c in chains_bad]
-            raise diverged_error(self.name, result, details, _diverged_cause(
+            return diverged_error(self.name, result, details, _diverged_cause(
                 self, "lower step_size (all chains stop at that draw)"))
-        return result
+
+        return finish_run(run, name=self.name, info=info, dim=dim, thin=thin,
+                          start_draw=start_draw, sample_stats={}, label=label, unravel=unravel,
+                          divergence_error=diverged)
 
     def sample_on_transport(self, model, federation, engine, options, *,
                            init, num_samples, burn_in, thin, chains, seed, progress,
@@ -732,11 +730,8 @@ class QLSD(_Baseline):
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
                                       progress=progress, run_request=run_request)
         out.info["chains"] = chains
-        result = self._result(out.run, model.flatten(init), out.info, out.info["thin"], chains,
-                              np.asarray(out.state.position))
-        if out.run.failure is not None:
-            raise client_failure_error(self.name, engine.label, out.run, result)
-        return result
+        return self._result(out.run, model.flatten(init), out.info, out.info["thin"], chains,
+                            np.asarray(out.state.position), label=engine.label)
 
 
 # ------------------------------------------------------------------------------ ConsensusMC
@@ -900,9 +895,12 @@ class ConsensusMC(_Baseline):
         return self._result(run, flat_model, info, chains, thin, discard,
                             np.asarray(final.divergences), np.asarray(final.acceptance))
 
-    def _result(self, run, flat_model, info, chains, thin, discard, divergences, acceptance):
+    def _result(self, run, flat_model, info, chains, thin, discard, divergences, acceptance,
+                label=None):
         """Combine the clients' draws of a run (``divergences``, ``acceptance``: the clients'
-        NUTS sums, ``(chains, S)``) into the result, or the error of a diverged run."""
+        NUTS sums, ``(chains, S)``) into the result, or the error that stopped the run
+        (:func:`fedmcmc.results.finish_run`; ``label``: a message-passing engine's), whose
+        result is ``None`` when too few draws were made to combine."""
         dim = flat_model.dim
         num_clients = run.draws.shape[-1] // dim
         kept = run.draws.shape[1]
@@ -923,24 +921,24 @@ class ConsensusMC(_Baseline):
             combined, _ = consensus.combine(per_client, self.weighting)
             return unravel_numpy(flat_model, combined.astype(flat_model.dtype))
 
+        cause = _diverged_cause(self, "a client's subposterior is improper or NUTS failed; "
+                                "check the model on each client's data")
         needed = dim + 1 if self.weighting == "precision" else 2
-        if run.diverged.any() or run.failure is not None:
-            result = None
-            if chains * usable >= needed:
-                result = assemble_result(run, algorithm=self.name, unravel=combine, info=info,
-                                         dim=dim, thin=thin, sample_stats={})
-            if run.failure is not None and not run.diverged.any():
-                if result is not None:  # the draws the clients sent before the failure
-                    result.info["client_samples"] = unravel_numpy(flat_model, client_draws)
-                return result
-            raise diverged_error(self.name, result, divergence_details(run, thin), _diverged_cause(
-                self, "a client's subposterior is improper or NUTS failed; check the model on "
-                "each client's data"))
-        result = assemble_result(run, algorithm=self.name, unravel=combine, info=info, dim=dim,
-                                 thin=thin, sample_stats={})
-        result.info["client_samples"] = unravel_numpy(flat_model, client_draws)
-        self._report_combination_error(result.info, client_draws)
-        return result
+        if chains * usable < needed:  # too few draws to combine: the error carries no result
+            if run.failure is not None:
+                raise client_failure_error(self.name, label, run, None)
+            raise diverged_error(self.name, None, divergence_details(run, thin), cause)
+
+        def diverged(result):
+            del result.info["client_samples"]  # only a run that ended keeps them
+            return diverged_error(self.name, result, divergence_details(run, thin), cause)
+
+        # the clients' own draws (also those sent before a failure)
+        info["client_samples"] = unravel_numpy(flat_model, client_draws)
+        return finish_run(run, name=self.name, info=info, dim=dim, thin=thin, sample_stats={},
+                          label=label, unravel=combine, divergence_error=diverged,
+                          checks=lambda result: self._report_combination_error(result.info,
+                                                                               client_draws))
 
     def _report_combination_error(self, info, client_draws) -> None:
         """``info["combination_error_sd"]``: the predicted error of the combined mean from
@@ -974,11 +972,9 @@ class ConsensusMC(_Baseline):
                                            progress=progress)
         discard = burn_in if self.num_warmup is not None else 0
         out.info.update(resolved)
-        result = self._result(out.run, model.flatten(init), out.info, chains, thin, discard,
-                              out.state["divergences"], out.state["acceptance"])
-        if out.run.failure is not None:
-            raise client_failure_error(self.name, engine.label, out.run, result)
-        return result
+        return self._result(out.run, model.flatten(init), out.info, chains, thin, discard,
+                            out.state["divergences"], out.state["acceptance"],
+                            label=engine.label)
 
 
 def _diverged_cause(algorithm, advice: str) -> str:

@@ -45,7 +45,7 @@ from ..checkpoint import resume_from, split_run_options
 from ..engines.local import run_chains
 from ..diagnostics import bias_estimate
 from ..model import unravel_draws_numpy
-from ..results import SamplingDivergedError, assemble_result, divergence_details, diverged_error
+from ..results import SamplingDivergedError, divergence_details, diverged_error, finish_run
 from ..schedules import decaying_schedule
 from . import graphs as graph_module
 from . import kernels, tuning
@@ -432,21 +432,21 @@ class _Decentralised(Algorithm):
                           options, setup=False if federation.is_deferred else None)
         settings, problems = plan.settings, plan.problems
         resolved = self._resolved(settings)
+        family_info = dict(settings.info)
+        family_info.update(_prediction_info(settings, self.tolerance))
+        family_info.update(plan.run_info)
+        family_info["step_size"] = _describe_step(settings.step_size)
+        family_info["condition_1"] = problems
+        family_info["spread_limit"] = (resolved.spread_limit_value
+                                       if resolved.spread_limit_value is not None else "off")
         result, run = sample_decentralised(
             resolved, model, federation, engine, init=init,
             num_samples=num_samples, burn_in=plan.burn_in, thin=plan.thin, chains=chains,
-            seed=seed, progress=progress, **options,
+            seed=seed, progress=progress, family_info=family_info,
+            divergence_error=lambda result, run: self.stopped_error(
+                result, run, plan.thin, resolved.spread_limit_value, problems),
+            **options,
         )
-        result.info.update(settings.info)
-        result.info.update(_prediction_info(settings, self.tolerance))
-        result.info.update(plan.run_info)
-        result.info["step_size"] = _describe_step(settings.step_size)
-        result.info["condition_1"] = problems
-        result.info["spread_limit"] = (resolved.spread_limit_value
-                                       if resolved.spread_limit_value is not None else "off")
-        if run.diverged.any():
-            raise self.stopped_error(result, run, plan.thin, resolved.spread_limit_value,
-                                     problems)
         if "bias_estimate" in result.info:
             _warn_if_biased(self.name, result.info["bias_estimate"], self.tolerance,
                             self.step_size == AUTO, result.info, plan.min_ess)
@@ -598,11 +598,11 @@ class _Decentralised(Algorithm):
                 info["bias_estimate"] = estimate
                 _warn_if_biased(self.name, estimate, self.tolerance, self.step_size == AUTO,
                                 info, min_ess)
-        result = assemble_result(run, algorithm=self.name, info=info, dim=dim, thin=thin,
-                                 start_draw=start_draw, unravel=lambda draws: samples)
-        if run.diverged.any():
-            raise self.stopped_error(result, run, thin, spread_limit, problems)
-        return result
+        return finish_run(
+            run, name=self.name, info=info, dim=dim, thin=thin, start_draw=start_draw,
+            unravel=lambda draws: samples,
+            divergence_error=lambda result: self.stopped_error(result, run, thin, spread_limit,
+                                                               problems))
 
     def stopped_error(self, result, run, thin: int, spread_limit: Optional[float],
                       problems) -> SamplingDivergedError:

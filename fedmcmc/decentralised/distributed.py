@@ -50,11 +50,11 @@ from ..engines.comm import gather as comm_gather
 from ..engines.driver import ChainRun
 from ..engines.local import iteration_key
 from ..engines.neighbour import NeighbourClient
-from ..engines.session import client_failure_error, protocol_session
+from ..engines.session import protocol_session
 from ..minibatch import likelihood_gradient, take_minibatch
 from ..model import unravel_draws_numpy
 from ..protocols import ClientContext, NeighbourProtocol
-from ..results import assemble_result
+from ..results import finish_run
 from ..schedules import decaying_schedule
 from . import kernels
 
@@ -62,8 +62,7 @@ __all__ = ["AgentFunctions", "NeighbourRun", "run_neighbour", "sample_decentrali
 
 
 class NeighbourRun(NamedTuple):
-    """What :func:`run_neighbour` returns: the result, and the driver's run (the family
-    builds the error of stopped chains from it, as on the in-process engine)."""
+    """What :func:`run_neighbour` returns: the result, and the driver's run."""
 
     result: Any  # fedmcmc.results.Result
     run: ChainRun
@@ -214,23 +213,29 @@ class AgentFunctions(NeighbourProtocol):
 
 
 def sample_decentralised(algorithm, model, federation, engine, *, init, num_samples, burn_in,
-                         thin, chains, seed, progress=None, **options):
+                         thin, chains, seed, progress=None, family_info=None,
+                         divergence_error=None, **options):
     """DULA/GT-DULA with the agents as endpoints of the message-passing ``engine`` (on Ray,
     actors): :func:`run_neighbour` with the run's checked options; ``options``: the run
     options (``chunk_size``, ``on_draws``). Returns the :class:`NeighbourRun`."""
     return run_neighbour(algorithm, model, federation, engine,
                          engine.session_options(options, algorithm.name), init=init,
                          num_samples=num_samples, burn_in=burn_in, thin=thin, chains=chains,
-                         seed=seed, progress=progress)
+                         seed=seed, progress=progress, family_info=family_info,
+                         divergence_error=divergence_error)
 
 
 def run_neighbour(algorithm, model, federation, engine, options: Dict[str, Any], *, init,
-                  num_samples, burn_in, thin, chains, seed, progress=None):
+                  num_samples, burn_in, thin, chains, seed, progress=None, family_info=None,
+                  divergence_error=None):
     """DULA/GT-DULA with one endpoint per agent in a :func:`~fedmcmc.engines.session.
     protocol_session` of ``engine``: every iteration each agent steps with its neighbours'
     messages of that iteration, relayed agent to agent (``Transport.relay``: on Ray the
     driver never sees them); the driver reads every agent's state once per kept draw.
-    ``options``: the run's checked engine options (``engine.session_options``)."""
+    ``options``: the run's checked engine options (``engine.session_options``). The run ends
+    in :func:`fedmcmc.results.finish_run`, with ``family_info`` (the family's figures: its
+    settings, predictions, run lengths) over the run's, and the family's
+    ``divergence_error(result, run)`` of stopped chains."""
     if options["on_client_failure"] != "stop":
         # an agent's neighbours mix with its state every iteration: leaving it out changes the
         # graph (and may disconnect it), so there is no run to continue
@@ -332,11 +337,11 @@ def run_neighbour(algorithm, model, federation, engine, options: Dict[str, Any],
             record_gradient_terms(exchange["pending"][0], gather(exchange["pending"][1]))
         figures = session.figures()
     result = _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin,
-                     topo, neighbours, floats_per_message, figures)
-    if run.failure is not None:
-        raise client_failure_error(algorithm.name, engine.label, run, result, role="agent")
+                     topo, neighbours, floats_per_message, figures, engine.label, family_info,
+                     None if divergence_error is None else (
+                         lambda result: divergence_error(result, run)))
     done = run.draws_done
-    if global_gradient is not None and done > burn_in and not run.diverged.any():
+    if global_gradient is not None and done > burn_in:  # finish_run: no chain diverged
         estimate = bias_estimate(np.asarray(run.draws, np.float64),
                                  global_gradient[:, burn_in:done],
                                  getattr(algorithm, "laplace_cov", None))
@@ -346,9 +351,10 @@ def run_neighbour(algorithm, model, federation, engine, options: Dict[str, Any],
 
 
 def _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin, topo,
-            neighbours, floats_per_message, figures):
-    """The run's result; ``figures``: the session's (the transport's counts of the driver's
-    messages, the engine, where the agents ran)."""
+            neighbours, floats_per_message, figures, label, family_info, divergence_error):
+    """The run's result or its error (:func:`fedmcmc.results.finish_run`); ``figures``: the
+    session's (the transport's counts of the driver's messages, the engine, where the agents
+    ran); ``family_info``: the family's figures, over these."""
     iterations = run.draws_done * thin
     directed = sum(len(nb) for nb in neighbours)
     between = iterations * directed
@@ -376,6 +382,9 @@ def _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin, t
     stats = dict(run.stats)
     if gradient_error is not None:
         stats["gradient_error"] = gradient_error[:, kept]
-    return assemble_result(run, algorithm=algorithm.name, info=info, dim=flat_model.dim,
-                           thin=thin, sample_stats=stats,
-                           unravel=lambda draws: unravel_draws_numpy(flat_model, draws))
+    if family_info:
+        info.update(family_info)
+    return finish_run(run, name=algorithm.name, info=info, dim=flat_model.dim, thin=thin,
+                      sample_stats=stats, label=label, role="agent",
+                      divergence_error=divergence_error,
+                      unravel=lambda draws: unravel_draws_numpy(flat_model, draws))

@@ -33,6 +33,9 @@ import numpy as np
 
 from .. import cache
 from ..federation import ClientDescription, DescribedFederation, Federation, describe_client, load_client
+# the error a client's failure stops a run with is the results' (every engine and family
+# raises it through fedmcmc.results.finish_run); imported here under its old address
+from ..results import ClientFailureError
 
 __all__ = [
     "ClientFailure",
@@ -59,21 +62,6 @@ class ClientFailure(Exception):
     def __init__(self, client: int, reason: str):
         super().__init__(f"client {client}: {reason}")
         self.client = int(client)
-        self.reason = reason
-
-
-class ClientFailureError(RuntimeError):
-    """The run stopped because a client failed (``on_client_failure="stop"``).
-
-    ``result`` holds every draw received before the failure (chains that had
-    fewer draws than others are padded with NaN; ``result.info["draws_per_chain"]``
-    says how many are real); ``client`` and ``reason`` say what failed.
-    """
-
-    def __init__(self, message: str, result, client: int, reason: str):
-        super().__init__(message)
-        self.result = result
-        self.client = client
         self.reason = reason
 
 

@@ -13,8 +13,9 @@ what ``result.info`` gets from the session (the transport's message and byte cou
 the clients ran, the set-up's times, and what the engine's session records: Ray's
 authentication, :meth:`~fedmcmc.engines.engine.ProtocolEngine.session_info`). The
 transport is closed however the session ends. A client that failed mid-run becomes the one
-:class:`~fedmcmc.engines.comm.ClientFailureError` of :func:`client_failure_error`;
-:func:`finish_run` turns a pattern's chain run and info into its result or its error.
+:class:`~fedmcmc.results.ClientFailureError` of :func:`~fedmcmc.results.client_failure_error`;
+:func:`~fedmcmc.results.finish_run` (every engine's) turns a pattern's chain run and info into
+its result or its error.
 
 This module knows no family and no pattern: the patterns' servers (``engines/handoff.py``,
 ``pdmp/broadcast.py``, ``decentralised/distributed.py``, ``baselines/distributed.py``) are
@@ -27,11 +28,12 @@ import contextlib
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from .comm import (ClientFailureError, Transport, call_all, describe_federation,
-                   gather_before_sampling, with_fault_injection)
+from .comm import (Transport, call_all, describe_federation, gather_before_sampling,
+                   with_fault_injection)
 from .driver import ChainRun, drive
 from .options import protocol_run_options
-from ..results import assemble_result, divergence_details, diverged_error
+# the one way a run ends, on every engine (here for the patterns' servers)
+from ..results import client_failure_error, finish_run
 
 __all__ = ["Session", "protocol_session", "client_failure_error", "finish_run"]
 
@@ -148,35 +150,3 @@ def protocol_session(engine, specs: Sequence[tuple], federation, model, init, *,
             yield session
         finally:
             transport.close()
-
-
-def client_failure_error(name: str, label: str, run: ChainRun, result, role: str = "client",
-                         detail: str = "") -> ClientFailureError:
-    """The error of a run a client's failure stopped (``run.failure``), carrying ``result``
-    (every draw made before it): the one message of every pattern. ``role``: what the
-    pattern calls a client (``"worker"``, ``"agent"``); ``detail``: what the pattern adds
-    (where the chains stopped, what would have continued)."""
-    failure = run.failure
-    return ClientFailureError(
-        f"{name} (engine={label!r}): {role} {failure.client} failed ({failure.reason}); the "
-        f"run stopped after {run.draws_done} draw(s), which are in error.result"
-        + (f" ({detail})" if detail else ""), result, failure.client, failure.reason)
-
-
-def finish_run(run: ChainRun, *, name: str, label: str, info: Dict[str, Any], dim: int,
-               unravel, thin: Optional[int] = 1, burn_in: int = 0, sample_stats=None,
-               role: str = "client", failure_detail: str = "", divergence_stats=(),
-               divergence_cause: str = "diverged (non-finite draws); lower step_size"):
-    """The end of a message-passing run: its :class:`~fedmcmc.results.Result`
-    (:func:`~fedmcmc.results.assemble_result` of the driver's ``run`` with ``info``, the
-    pattern's figures and the session's), or the error that stopped it, carrying that
-    result: a client's failure (:func:`client_failure_error`), else diverged chains
-    (:func:`~fedmcmc.results.diverged_error`, with the per-draw ``divergence_stats``)."""
-    result = assemble_result(run, algorithm=name, info=info, dim=dim, thin=thin,
-                             burn_in=burn_in, sample_stats=sample_stats, unravel=unravel)
-    if run.failure is not None:
-        raise client_failure_error(name, label, run, result, role, failure_detail)
-    if run.diverged.any():
-        raise diverged_error(f"{name} (engine={label!r})", result,
-                             divergence_details(run, thin, divergence_stats), divergence_cause)
-    return result

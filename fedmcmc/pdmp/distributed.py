@@ -15,7 +15,7 @@ what Fed-PDMC adds to them:
   event iteration its own first event time by Poisson thinning for all chains at once
   (``federated.build``'s ``propose``, the very function the in-process engine vmaps);
 * **server side** (:class:`RemoteWorkers` for the set-up, :func:`sample_pdmp` for
-  the run): the same ``_FedPDMP.build`` as in-process, with the workers' answers
+  the run): the same set-up as in-process (``setup.build_sampler``), with the workers' answers
   arriving as messages.
 
 Random streams are the in-process engine's, so both give the same draws (the tests
@@ -48,7 +48,7 @@ class DistributedRun(NamedTuple):
 
     run: Any  # engines.local.ChainRun: the draws made, per chain
     failure: Any  # the ClientFailure that stopped the run, or None
-    built: Any  # algorithms.BuiltSampler (config, output model, info, ...)
+    built: Any  # setup.BuiltSampler (config, output model, info, ...)
     messages: Dict[str, Any]  # the transport's message counts and the failures, for info
 
 
@@ -164,7 +164,7 @@ class WorkerFunctions(BroadcastProtocol):
 
 
 class RemoteWorkers:
-    """What ``_FedPDMP.build`` asks of the workers, answered by messages (set-up phase).
+    """What ``setup.build_sampler`` asks of the workers, answered by messages (set-up phase).
 
     ``ask(name, *args)`` runs the client-side function ``client_<name>`` on every worker
     and returns the replies in order; a failure there stops the run (nothing has been
@@ -231,7 +231,7 @@ def sample_pdmp(algorithm, model, federation, engine, options: Dict[str, Any], *
     protocol_session` of the message-passing ``engine`` (called by
     ``_FedPDMP.sample_distributed`` under ``jax.enable_x64``); ``options``: the run's checked
     engine options. ``run_sums(burn_in) -> (accumulate, initial_sums)``: the family's
-    per-chain run sums carried next to the state (see ``pdmp/algorithms.py``), made once the
+    per-chain run sums carried next to the state (``output.run_sums``), made once the
     set-up has resolved ``burn_in``. ``run_request``: fm.sample's
     :class:`~fedmcmc.run_length.RunRequest` (``"auto"`` run lengths, resolved by ``build``
     from the workers' Newton terms, as in process)."""

@@ -5,7 +5,8 @@ import pytest
 
 from fedmcmc.engines.comm import ClientFailure
 from fedmcmc.engines.driver import PartialDraws, default_chunk_size, drive
-from fedmcmc.results import assemble_result, divergence_details, diverged_error
+from fedmcmc.results import (ClientFailureError, SamplingDivergedError, assemble_result,
+                             divergence_details, diverged_error, finish_run)
 
 CHAINS, DIM = 3, 2
 
@@ -122,6 +123,51 @@ def test_the_family_s_own_figures_win_over_the_standard_ones():
     assemble_result(run, algorithm="X", unravel=lambda d: d, info=info, dim=DIM, thin=None)
     assert info["iterations"] == 999 and info["draws_kept"] == 4 and info["chains"] == CHAINS
     assert "seconds_per_iteration" not in info
+
+
+class _FamilyCheck(RuntimeError):
+    pass
+
+
+def _finish(run, checked, **keywords):
+    def checks(result):
+        checked.append(result)
+        raise _FamilyCheck("the family's last check", result)
+
+    return finish_run(run, name="X", info={"messages": 7}, dim=DIM, unravel=lambda d: d,
+                      checks=checks, **keywords)
+
+
+def test_finish_run_raises_failure_then_divergence_then_the_family_s_checks():
+    """The one end of every run: each error carries the assembled result, and the first that
+    applies wins (a failure over a divergence of the same run, both over the family's checks,
+    which see only a run that neither stopped)."""
+    checked = []
+    both = drive(counting_advance(bad=(15, 1), fail_at=17), 0, chains=CHAINS, draw_dim=DIM,
+                 burn_in=5, num_samples=40, chunk_size=10, progress=False)
+    with pytest.raises(ClientFailureError, match=r"X \(engine='ray'\): agent 4 failed") as error:
+        _finish(both, checked, label="ray", role="agent")
+    assert error.value.result.info["messages"] == 7 and error.value.client == 4
+
+    diverged = drive(counting_advance(bad=(23, 1)), 0, chains=CHAINS, draw_dim=DIM, burn_in=5,
+                     num_samples=40, chunk_size=10, progress=False)
+    with pytest.raises(SamplingDivergedError, match=r"^X \(engine='ray'\): 1 chain") as error:
+        _finish(diverged, checked, label="ray", thin=2)
+    assert error.value.result.info["diverged_chains"] == [1]
+    with pytest.raises(SamplingDivergedError, match=r"^X: 1 chain.*my cause"):
+        _finish(diverged, checked, divergence_cause="my cause")
+    with pytest.raises(_FamilyCheck):  # the family's own wording of a divergence
+        _finish(diverged, checked,
+                divergence_error=lambda result: _FamilyCheck("mine", result))
+    assert checked == []
+
+    clean = drive(counting_advance(), 0, chains=CHAINS, draw_dim=DIM, burn_in=5,
+                  num_samples=40, chunk_size=10, progress=False)
+    with pytest.raises(_FamilyCheck):
+        _finish(clean, checked)
+    assert len(checked) == 1 and checked[0].info["draws_kept"] == 40
+    result = finish_run(clean, name="X", info={}, dim=DIM, unravel=lambda d: d)
+    assert result.num_samples == 40 and result.algorithm == "X"
 
 
 def test_default_chunks_are_nearly_equal():
