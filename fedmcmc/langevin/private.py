@@ -28,7 +28,6 @@ local engine for now).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 

@@ -187,6 +187,85 @@ def test_fald_on_running_sites_equals_local(running_federation):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("make", [
+    lambda: fm.QLSD(step_size=2e-3, batch_size=5, bits=4),
+    lambda: fm.ConsensusMC(num_warmup=40),
+], ids=["QLSD", "ConsensusMC"])
+def test_broadcast_baselines_on_running_sites_equal_local(running_federation, make):
+    """QLSD (a compressed gradient from every site every iteration) and consensus Monte
+    Carlo (each site samples its subposterior, one combination) on sites started apart from
+    the run give the local engine's draws."""
+    federation = _three_clients()
+    kw = dict(RUN, num_samples=8, thin=2)
+    on_flower = fm.sample(GAUSSIAN_MODEL, federation, make(), engine="flower",
+                          flower_address=running_federation.address, convergence=False,
+                          **BOUNDS, **kw)
+    local = fm.sample(GAUSSIAN_MODEL, federation, make(), convergence=False, **kw)
+    assert on_flower.info["engine"] == "flower"
+    np.testing.assert_allclose(on_flower.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_auto_set_up_runs_on_the_sites_with_their_own_data(running_federation, tmp_path):
+    """step_size, thin and burn_in "auto" with loaders: the sites fit their Laplace
+    surrogates and report noise statistics on rows that never reach the driver, and the
+    choices and draws are the local engine's on the same rows."""
+    clients = _three_clients().clients
+    log = str(tmp_path / "loaders.log")
+    deferred = fm.Federation.from_loaders(
+        [functools.partial(load_rows, rows, log) for rows in clients])
+    # FSGLD: its conducive gradients let "auto" take a large h (DSGLD's client-sampling noise
+    # makes it choose thousands of iterations per draw here: hours at Flower's round trip)
+    algorithm = fm.FSGLD(step_size="auto", batch_size=40, local_steps=10)
+    kw = dict(RUN, num_samples=10, thin="auto", burn_in="auto")
+    on_flower = fm.sample(GAUSSIAN_MODEL, deferred, algorithm, engine="flower",
+                          flower_address=running_federation.address, convergence=False,
+                          **BOUNDS, **kw)
+    assert deferred.is_deferred
+    with open(log) as handle:
+        assert os.getpid() not in {int(line) for line in handle if line.strip()}
+    local = fm.sample(GAUSSIAN_MODEL, fm.Federation(clients), algorithm, convergence=False, **kw)
+    for key in ("step_size", "thin", "burn_in"):
+        np.testing.assert_allclose(on_flower.info[key], local.info[key], rtol=1e-4, err_msg=key)
+    np.testing.assert_allclose(on_flower.flat_samples(), local.flat_samples(), rtol=0, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_killed_site_dropped_the_run_goes_on_without_it():
+    """on_client_failure="drop": a site killed mid-run is dropped, the run ends with every
+    draw, the target changes to the remaining sites (reported) and the draws made before the
+    failure are the uninterrupted run's."""
+    from fedmcmc.engines import flower_engine
+
+    federation = _three_clients()
+    algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
+    killed = []
+    before = set(flower_engine._LIVE_FEDERATIONS)
+
+    def kill_site_1(*_):
+        if not killed:
+            [local] = [f for f in flower_engine._LIVE_FEDERATIONS if f not in before]
+            os.kill(local.sites[1].pid, signal.SIGKILL)
+            killed.append(local.sites[1].pid)
+
+    kw = dict(RUN, num_samples=30, chunk_size=2)
+    result = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="flower",
+                       on_client_failure="drop", on_draws=kill_site_1, convergence=False,
+                       **BOUNDS, **kw)
+    info = result.info
+    assert killed and info["dropped_clients"] == [1] and info["target_changed"] is True
+    assert result.flat_samples().shape == (1, kw["num_samples"], DIM)
+    assert np.isfinite(result.flat_samples()).all()
+    weights = np.asarray(info["weights_after_drop"])
+    assert weights[1] == 0 and np.isclose(weights.sum(), 1.0)
+    reference = fm.sample(GAUSSIAN_MODEL, federation, algorithm, convergence=False, **kw)
+    made = np.asarray(info["client_failures"][0]["chain_iterations"]) // kw["thin"]
+    assert made.sum() > 0
+    np.testing.assert_allclose(result.flat_samples()[0, :made[0]],
+                               reference.flat_samples()[0, :made[0]], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_killed_site_stops_the_run_and_keeps_the_draws():
     """A site's process killed mid-run (SIGKILL, as in a crash): the run stops with
     ClientFailureError naming the client, and error.result holds the draws made before."""
