@@ -410,12 +410,15 @@ class FSGLDProtocol(DSGLDProtocol):
         return own
 
     def client_estimator_moments(self, context: ClientContext, weight: float, global_surrogate,
-                                 center):
+                                 center, own=None):
         """The d + 1 moments of this client's FSGLD estimator at ``center`` over
         ``radius_probes_per_client`` of its own minibatches (``estimators.estimator_moments``),
-        with the key the in-process engine uses for this client."""
-        precision, shift = context.store["surrogate"]
-        key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed), 7),
+        with the key the in-process engine uses for this client. ``own``: its surrogate
+        ``(P_s, b_s)`` when the user gave the surrogates (the server sends them: the client has
+        none before it is configured), else the one it fitted."""
+        precision, shift = context.store["surrogate"] if own is None else own
+        key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed),
+                                                        setup_module.TRUST_STREAM),
                                    context.index)
         # NumPy arguments: no eager program for a conversion or a new axis
         mean, second = _client_moments(
@@ -495,7 +498,8 @@ class FSGLDProtocol(DSGLDProtocol):
                 # the clients' estimator moments over the remaining clients (after a drop,
                 # f_s renormalised over them: tr C cancels large terms)
                 radius = setup_module.auto_trust_radius(
-                    setup_module.MessagePassingClients(server), weights, self.alpha, None,
+                    setup_module.MessagePassingClients(server), weights, self.alpha,
+                    surrogates if given else None,
                     global_surrogate, center, self._first_step_size(prepared.step_size),
                     kept.tolist())
             trust = (np.asarray(center), np.asarray(metric), np.float32(radius))

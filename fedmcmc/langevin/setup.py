@@ -187,7 +187,9 @@ class ClientStatistics:
     def estimator_moments(self, weights, alpha, surrogates, global_surrogate, center,
                           clients: Sequence[int]) -> tuple:
         """The d + 1 moments of the FSGLD estimator of every client of ``clients`` at
-        ``center`` (``estimators.estimator_moments``): ``(means (S, d), second (S,))``."""
+        ``center`` (``estimators.estimator_moments``) with f_s ``weights``, the clients'
+        surrogates ``surrogates`` (``None``: each client's own fit, where the client keeps it)
+        and their product ``global_surrogate``: ``(means (S, d), second (S,))``."""
         raise NotImplementedError
 
 
@@ -341,9 +343,15 @@ class MessagePassingClients(ClientStatistics):
 
     def estimator_moments(self, weights, alpha, surrogates, global_surrogate, center, clients):
         center_array = np.asarray(center)
-        replies = self.server.ask(
-            "estimator_moments",
-            lambda s: (float(weights[s]), global_surrogate, center_array), list(clients))
+        # a client uses the surrogate it fitted; given ones are sent (it has none yet)
+        own = None if surrogates is None else (np.asarray(surrogates.precision),
+                                               np.asarray(surrogates.shift))
+
+        def arguments(client):
+            shared = (float(weights[client]), global_surrogate, center_array)
+            return shared if own is None else shared + ((own[0][client], own[1][client]),)
+
+        replies = self.server.ask("estimator_moments", arguments, list(clients))
         return (np.stack([np.asarray(m) for m, _ in replies]),
                 np.array([v for _, v in replies]))
 
