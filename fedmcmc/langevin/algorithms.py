@@ -294,8 +294,7 @@ class DSGLD(_LangevinAlgorithm):
         """What the set-up (:mod:`fedmcmc.langevin.setup`) reads of this configuration:
         what to choose from the clients' noise statistics, if anything."""
         return setup.SetupOptions(name=self.name, step_size=self.step_size,
-                                  batch_size=self.batch_size, local_steps=self.local_steps,
-                                  choice=self._client_setup())
+                                  local_steps=self.local_steps, choice=self._client_setup())
 
     def _in_process_clients(self, flat_model, federation, data, weights, key, theta0,
                             info) -> setup.InProcessClients:
@@ -666,8 +665,7 @@ class FSGLD(DSGLD):
         against the clients' noise whatever is asked (the statistics cost no message), so
         ``choice`` is always given."""
         return setup.SetupOptions(
-            name=self.name, step_size=self.step_size, batch_size=self.batch_size,
-            local_steps=self.local_steps,
+            name=self.name, step_size=self.step_size, local_steps=self.local_steps,
             choice=ClientSetup(tolerance=self.step_size_tolerance,
                                control_variates=self._variates_kind(),
                                client_selection=self.client_selection),
@@ -698,16 +696,10 @@ class FSGLD(DSGLD):
         global_surrogate = surrogate_module.product(surrogates)
         weights = _weights_of(_Settings(resolved.step_size,
                                         client_weights=resolved.client_weights), weights)
-        trust_region = None
-        if self.trust_radius is not None:
-            radius = self.trust_radius
-            if radius == "auto":
-                radius = setup.auto_trust_radius(clients, weights, self.alpha, surrogates,
-                                                 global_surrogate, center, resolved.step_size)
-            trust_region = fsgld.TrustRegion(center=center, precision=metric, radius=radius)
-            info["trust_radius"] = radius
-        else:
-            info["trust_radius"] = None
+        radius = setup.trust_radius(clients, self.trust_radius, weights, self.alpha, surrogates,
+                                    global_surrogate, center, resolved.step_size)
+        trust_region = None if radius is None else fsgld.TrustRegion(
+            center=center, precision=metric, radius=radius)
         return _Settings(step_size=resolved.step_size,
                          variates=clients.control_variates(resolved.anchor),
                          surrogates=surrogates, global_surrogate=global_surrogate,

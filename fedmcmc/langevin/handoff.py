@@ -264,7 +264,6 @@ class DSGLDProtocol(HandoffProtocol):
         """What the set-up (:mod:`fedmcmc.langevin.setup`) reads of this protocol; ``choice``:
         ``setup`` (``None``: the h, anchor and f_s given to the constructor)."""
         return setup_module.SetupOptions(name=self.name, step_size=self.step_size,
-                                         batch_size=self.batch_size,
                                          local_steps=self.local_steps, choice=self.setup)
 
     def _chosen(self, resolved: setup_module.Resolved) -> HandoffSetup:
@@ -489,23 +488,17 @@ class FSGLDProtocol(DSGLDProtocol):
                                                      shift=device_array(shifts[kept]))
         product = surrogate_module.product(subset)
         global_surrogate = (np.asarray(product.precision), np.asarray(product.shift))
-        trust = None
-        if self.trust_radius is not None:
+        center = metric = None
+        if self.trust_radius is not None:  # the region's centre and metric: prior x q
             center, metric = surrogate_module.laplace_of_product(
                 server.flat_model, subset, device_array(server.theta0))
-            radius = self.trust_radius
-            if radius == "auto":
-                # the clients' estimator moments over the remaining clients (after a drop,
-                # f_s renormalised over them: tr C cancels large terms)
-                radius = setup_module.auto_trust_radius(
-                    setup_module.MessagePassingClients(server), weights, self.alpha,
-                    surrogates if given else None,
-                    global_surrogate, center, self._first_step_size(prepared.step_size),
-                    kept.tolist())
-            trust = (np.asarray(center), np.asarray(metric), np.float32(radius))
-            server.info["trust_radius"] = radius
-        else:
-            server.info["trust_radius"] = None
+        # "auto": the moments of the remaining clients (given surrogates sent with the request)
+        radius = setup_module.trust_radius(
+            setup_module.MessagePassingClients(server), self.trust_radius, weights, self.alpha,
+            surrogates if given else None, global_surrogate, center,
+            self._first_step_size(prepared.step_size), kept.tolist())
+        trust = None if radius is None else (np.asarray(center), np.asarray(metric),
+                                             np.float32(radius))
         parameters: List[FSGLDParameters] = []
         for s in kept.tolist():
             entry: Dict[str, Any] = self._shared_entries(prepared, s)

@@ -42,7 +42,8 @@ from .estimators import ControlVariates, estimator_moments, unscaled_noise
 
 __all__ = ["setup_key", "ClientSetup", "SurrogateFit", "SetupOptions", "Resolved", "Settings",
            "ClientStatistics", "InProcessClients", "MessagePassingClients", "resolve_sgld",
-           "resolve_dsgld", "resolve_fsgld", "choose_noise_settings", "auto_trust_radius",
+           "resolve_dsgld", "resolve_fsgld", "choose_noise_settings", "trust_radius",
+           "auto_trust_radius",
            "resolve_run_length", "weights_of"]
 
 #: minibatch draws per client for the automatic trust radius
@@ -88,7 +89,6 @@ class SetupOptions(NamedTuple):
 
     name: str
     step_size: Any
-    batch_size: int
     local_steps: int
     choice: Optional[ClientSetup]
     alpha: Optional[float] = None
@@ -306,10 +306,11 @@ class MessagePassingClients(ClientStatistics):
         self.weights_given = bool(server.weights_given)
 
     @staticmethod
-    def _stacked(replies, first: int = 0, second: int = 1):
+    def _stacked(replies):
+        """The clients' ``(P_s, b_s, ...)`` replies as ``GaussianSurrogates``."""
         return surrogate_module.GaussianSurrogates(
-            precision=device_array(np.stack([np.asarray(reply[first]) for reply in replies])),
-            shift=device_array(np.stack([np.asarray(reply[second]) for reply in replies])))
+            precision=device_array(np.stack([np.asarray(reply[0]) for reply in replies])),
+            shift=device_array(np.stack([np.asarray(reply[1]) for reply in replies])))
 
     def laplace_fits(self, diagonal):
         theta0 = np.asarray(self.server.theta0)
@@ -317,6 +318,7 @@ class MessagePassingClients(ClientStatistics):
         return self._stacked(fits), np.stack([np.asarray(m) for _, _, m in fits])
 
     def fit_surrogates(self, fit: SurrogateFit):
+        # each client fits as its copy of the protocol says (the same settings as ``fit``)
         theta0 = np.asarray(self.server.theta0)
         return self._stacked(self.server.ask("fit_surrogate", lambda s: (theta0,), None)), None
 
@@ -578,3 +580,16 @@ def auto_trust_radius(clients: ClientStatistics, weights, alpha: float, surrogat
     trace = fsgld.noise_trace_from_moments(share, means, second)
     h = step_size if not callable(step_size) else float(step_size(0))
     return fsgld.auto_trust_radius(clients.flat_model.dim, h, trace)
+
+
+def trust_radius(clients: ClientStatistics, radius, weights, alpha: float, surrogates,
+                 global_surrogate, center, step_size,
+                 kept: Optional[Sequence[int]] = None) -> Optional[float]:
+    """FSGLD's trust radius: ``None`` (the safeguard off), the given one, or ``"auto"``
+    (:func:`auto_trust_radius` of the clients of ``kept``, with the f_s ``weights`` the run
+    uses); recorded in ``info["trust_radius"]``."""
+    if radius == "auto":
+        radius = auto_trust_radius(clients, weights, alpha, surrogates, global_surrogate,
+                                   center, step_size, kept)
+    clients.info["trust_radius"] = radius
+    return radius
