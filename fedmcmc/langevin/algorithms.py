@@ -7,15 +7,12 @@ papers' convention: ``theta + (h/2) grad + N(0, h I)`` with ``h = step_size``.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..arrays import device_array
-from ..cache import jit_with_constants_as_arguments
 from ..algorithm import (
     Algorithm,
     check_nonnegative_float,
@@ -25,21 +22,20 @@ from ..algorithm import (
 )
 from .. import rng
 from .. import run_length
-from ..checkpoint import resume_from, split_run_options
-from ..engines.local import run_chains
+from ..checkpoint import split_run_options
 from ..federation import ConcatenatedData
-from ..model import unravel_draws_numpy
-from ..results import Result, assemble_result, divergence_details, diverged_error
+from ..results import Result
 from .. import surrogates as surrogate_module
 from .. import privacy as privacy_module
 from ..privacy import as_privacy, run_within_budget
 from . import private
 from . import dsgld, fsgld, sgld
 from . import preconditioning
+from . import setup
+from .run import run_in_process
 from . import step_size as step_size_module
-from . import estimators
-from .estimators import estimator_moments, unscaled_noise
-from .handoff import ClientSetup, DSGLDProtocol, FSGLDProtocol, setup_key
+from .handoff import DSGLDProtocol, FSGLDProtocol
+from .setup import ClientSetup, Settings as _Settings, setup_key, weights_of as _weights_of
 from .step_size import StepSizeWarning
 from ..schedules import as_schedule, describe_step_size
 from ..engines.handoff import sample_handoff
@@ -63,50 +59,6 @@ def _check_tolerance(tolerance: Any) -> float:
     return tolerance
 
 
-def _client_noise(flat_model, data, num_clients: int, batch_size: int, center, precision, key,
-                  variates=None, conducive=None):
-    """Every client's noise statistics of the unscaled part of its own estimator
-    (``estimators.unscaled_noise``, key ``fold_in(key, s)``, at the points
-    ``step_size.noise_points``), vmapped over the clients of ``data``: d + d^2 floats (or
-    d + 1 above ``FULL_MOMENTS_MAX_DIM``) per client, what each client computes on Ray.
-    ``conducive(client) -> (alpha, P_s, b_s)`` or ``None``. Returns ``step_size.ClientNoise``."""
-    full = flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
-    points = step_size_module.noise_points(center, precision, key)
-
-    # lax.map over the clients, as over the points and probes inside (step_size.client_noise);
-    # the key and the points are arguments, not constants: another seed is the same program
-    @jit_with_constants_as_arguments
-    def every_client(clients, key, points):
-        def one(client):
-            return unscaled_noise(
-                flat_model, data, client, batch_size, jnp.asarray(center), points,
-                rng.fold_in(key, client), step_size_module.NOISE_PROBES_PER_CLIENT, full,
-                variates, None if conducive is None else conducive(client))
-
-        return jax.lax.map(one, clients)
-
-    within, means = every_client(np.arange(num_clients, dtype=np.int32), key, points)
-    return step_size_module.ClientNoise(within=np.asarray(within), means=np.asarray(means))
-
-
-def _anchor_gradients(flat_model, federation, anchor):
-    """Each client's full-data log-likelihood gradient at ``anchor`` (the control variates'
-    G_s; ``anchor`` (d,) shared or (S, d) each client's own), computed from its own rows
-    (vmapped over the padded clients)."""
-    padded = federation.padded()
-    anchor = jnp.asarray(anchor)
-    anchors = jnp.broadcast_to(anchor, (federation.num_clients, anchor.shape[-1]))
-
-    # the rows are arguments of the compiled program, not constants of it (closed over, they
-    # were embedded in its text: on the Table 1 MLP, 30 x 90,000 rows, XLA spent 9 s folding
-    # them; issue 45)
-    @jax.jit
-    def gradients(anchors, rows, mask):
-        return jax.vmap(flat_model.grad_log_likelihood_sum)(anchors, rows, mask)
-
-    return gradients(anchors, padded.data, padded.mask)
-
-
 def _run_request(options: dict, num_samples, burn_in, thin, chains) -> run_length.RunRequest:
     """The run's length as asked: what ``fm.sample`` passes (``run_request``, popped from
     ``options`` before the run options are checked), else the arguments' own."""
@@ -115,47 +67,6 @@ def _run_request(options: dict, num_samples, burn_in, thin, chains) -> run_lengt
         request = run_length.RunRequest(num_samples=num_samples, burn_in=burn_in, thin=thin,
                                         chains=chains)
     return request
-
-
-def _resolve_run_length(request: run_length.RunRequest, step_size, center, precision, theta0,
-                        name: str, info: dict) -> tuple:
-    """``thin`` and ``burn_in`` of the run (``fedmcmc.run_length.resolve``) from the relaxation
-    time of the step the kernel runs, ``2 / (h lambda_min(P))`` with P the Laplace precision
-    the set-up built (``step_size.relaxation_time``), and the chains' initial offset from its
-    centre (``step_size.initial_offset``); recorded in ``info``. Without a Laplace fit
-    (``center`` None: a given h and integer run lengths) the given values."""
-    if center is None or callable(step_size):
-        if request.any_auto:
-            argument = "thin" if request.auto_thin else "burn_in"
-            why = ("a constant step size (a schedule's h changes during the run)"
-                   if callable(step_size) else "the Laplace fit of the set-up")
-            raise ValueError(f"{argument}='auto' needs {why}; give {argument} as an integer")
-        return request.thin, request.burn_in
-    relaxation = step_size_module.relaxation_time(step_size, precision)
-    offset = step_size_module.initial_offset(theta0, center, precision)
-    length = run_length.resolve(request, relaxation, offset, name=name, info=info)
-    return length.thin, length.burn_in
-
-
-def _weights_of(settings: _Settings, federation_weights):
-    """The f_s a kernel runs with: the set-up's choice, else the federation's."""
-    if settings.client_weights is None:
-        return federation_weights
-    return jnp.asarray(settings.client_weights, dtype=jnp.float32)
-
-
-class _Settings(NamedTuple):
-    """A Langevin run's resolved settings (``"auto"``, control variates, FSGLD's surrogates
-    and trust region), what the in-process kernel and the Ray protocol are both built from."""
-
-    step_size: Any
-    variates: Any = None  # estimators.ControlVariates or None
-    surrogates: Any = None  # FSGLD: surrogates.GaussianSurrogates
-    global_surrogate: Any = None  # FSGLD: surrogates.ProductSurrogate
-    trust_region: Any = None  # FSGLD: fsgld.TrustRegion or None
-    client_weights: Any = None  # the scheduler's f_s when the set-up chose them, else None
-    center: Any = None  # the Laplace fit of the posterior the set-up built (its centre and
-    precision: Any = None  # precision: the relaxation time of thin/burn_in="auto"), or None
 
 
 class _LangevinAlgorithm(Algorithm):
@@ -168,95 +79,11 @@ class _LangevinAlgorithm(Algorithm):
     #: appended to the advice of a divergence error
     divergence_advice: str = ""
 
-    def _run(
-        self,
-        *,
-        step: Callable,
-        initial_state,
-        flat_model,
-        federation,
-        num_samples,
-        burn_in,
-        thin,
-        chains,
-        seed,
-        progress,
-        label,
-        info: dict,
-        client_aware: bool,
-        run_options: Optional[dict] = None,
-    ) -> Result:
-        def draw_noise(key):
-            # the random numbers of the draw's ``thin`` updates, from the keys
-            # split(key, thin) (what ``step(k, s)`` would draw one update at a time)
-            return jax.vmap(step.noise)(rng.split_key(key, thin))
-
-        def draw_step(noise, state):
-            state = sgld.run_updates(step, noise, state)
-            stats = {}
-            if client_aware:
-                stats = {"client": state.client, "round": state.rounds}
-            return state, state.position, stats
-
-        # on the host (the initial state is concrete): eager broadcasts compile programs
-        states = jax.tree_util.tree_map(
-            lambda leaf: device_array(np.broadcast_to(np.asarray(leaf),
-                                                      (chains,) + np.shape(leaf))),
-            initial_state)
-        run_options = dict(run_options or {})
-        states, start_draw = resume_from(run_options, states)
-        run = run_chains(
-            draw_step,
-            states,
-            rng.seed_key(seed),
-            burn_in=burn_in,
-            num_samples=num_samples,
-            position=lambda s: s.position,
-            divergence_threshold=self.divergence_threshold,
-            progress=progress,
-            label=label,
-            iterations_per_draw=thin,
-            start_draw=start_draw,
-            draw_noise=draw_noise,
-            **run_options,
-        )
-        final = run.state
-        info = dict(info)
-        if client_aware:
-            visits_per_chain = np.asarray(final.visits)
-            rounds = visits_per_chain.sum(axis=-1)  # final.rounds, in NumPy
-            visits = visits_per_chain.sum(axis=0)
-            info["rounds"] = int(rounds.max())
-            info["rounds_per_chain"] = rounds.tolist()
-            info["visits_per_client"] = visits.tolist()
-            # Every round hands the chain (d floats) to a client and back, with the
-            # draws taken during the visit; surrogates travel once (FSGLD).
-            handoff_messages = int(2 * rounds.sum())
-            info["messages"] = handoff_messages + info.get("surrogate_messages", 0)
-            # the carry: the position, and pSGLD's V when preconditioned
-            carry_floats = flat_model.dim * (1 if initial_state.square_average is None else 2)
-            info["floats_communicated"] = int(
-                handoff_messages * carry_floats
-                + run.draws_done * chains * flat_model.dim
-                + info.get("surrogate_floats", 0)
-            )
-        else:
-            info["rounds"] = 0
-            info["messages"] = 0
-            info["floats_communicated"] = 0
-        info["bytes_communicated"] = info["floats_communicated"] * int(np.dtype(flat_model.dtype).itemsize)
-        result = assemble_result(
-            run, algorithm=self.name, unravel=lambda draws: unravel_draws_numpy(flat_model, draws),
-            info=info, dim=flat_model.dim, thin=thin, start_draw=start_draw)
-        if run.diverged.any():
-            raise diverged_error(
-                self.name, result, divergence_details(run, thin, ("client", "round")),
-                f"diverged (non-finite or |theta| > {self.divergence_threshold:g}); lower step_size"
-                + (f" (this one is past the stability limit: (h/4) lambda_max of the posterior "
-                   f"curvature is {info['discretisation_ratio']:.3g} >= 1; step_size='auto' "
-                   "chooses a stable one)" if info.get("discretisation_ratio", 0) >= 1 else "")
-                + self.divergence_advice)
-        return result
+    def _run(self, **run) -> Result:
+        """The in-process run of a built kernel (:func:`fedmcmc.langevin.run.run_in_process`)
+        with this algorithm's name and divergence rule."""
+        return run_in_process(name=self.name, divergence_threshold=self.divergence_threshold,
+                              divergence_advice=self.divergence_advice, **run)
 
 
 class SGLD(_LangevinAlgorithm):
@@ -316,16 +143,19 @@ class SGLD(_LangevinAlgorithm):
         data = federation.concatenated()
         info = {"step_size": describe_step_size(self.step_size), "batch_size": self.batch_size,
                 "preconditioner": preconditioning.describe_preconditioner(self.preconditioner)}
-        step_size = self.step_size
-        theta0 = flat_model.ravel(init)
-        center = precision = None
+        step_size, thin, burn_in = self.step_size, request.thin, request.burn_in
         if step_size == "auto" or request.any_auto:
-            key, center, precision = self._laplace(flat_model, federation, theta0, seed)
-        if step_size == "auto":
-            step_size = self._auto(flat_model, data, key, center, precision, theta0, info,
-                                   request)
-        thin, burn_in = _resolve_run_length(request, step_size, center, precision, theta0,
-                                            self.name, info)
+            # the set-up's key, and one client holding every row: the pooled estimator's noise
+            key = rng.fold_in_compiled(rng.seed_key(seed), 2**20 + 1)
+            pooled = ConcatenatedData(data=data.data, offsets=data.offsets[:1],
+                                      sizes=jnp.sum(data.sizes, dtype=jnp.int32)[None])
+            resolved = setup.resolve_sgld(
+                setup.InProcessClients(flat_model, federation, pooled, flat_model.ravel(init),
+                                       key, self.batch_size, info,
+                                       noise_key=rng.fold_in_compiled(key, 7), num_clients=1),
+                step_size, self.step_size_tolerance, self.name, request)
+            step_size = resolved.step_size
+            thin, burn_in = resolved.run_length or (thin, burn_in)
         steps = None
         if self.privacy is not None:
             the_plan, steps_for_draws = private.sgld_plan(
@@ -359,33 +189,6 @@ class SGLD(_LangevinAlgorithm):
         return run_within_budget(
             the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
             run=run, steps_of=lambda result, draws: steps_for_draws(draws))
-
-
-    @staticmethod
-    def _laplace(flat_model, federation, theta0, seed) -> tuple:
-        """(the set-up's key, the centre and precision of the posterior's Laplace fit: the
-        product of per-client Laplace fits), what ``"auto"`` and the run lengths read."""
-        key = rng.fold_in_compiled(rng.seed_key(seed), 2**20 + 1)
-        laplace = surrogate_module.fit_surrogates("laplace", flat_model, federation, theta0, key)
-        center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
-        return key, center, precision
-
-    def _auto(self, flat_model, data, key, center, precision, theta0, info, request) -> float:
-        """``step_size="auto"`` (``step_size.py``): the posterior's curvature from per-client
-        Laplace fits (:meth:`_laplace`), the noise of the pooled-data estimator at their mode,
-        the budget of ``request``."""
-        pooled = ConcatenatedData(data=data.data, offsets=data.offsets[:1],
-                                  sizes=jnp.sum(data.sizes, dtype=jnp.int32)[None])
-
-        # the pooled estimator's noise: one "client" holding every row (the prior's
-        # gradient, common to all draws, does not change it)
-        noise = _client_noise(flat_model, pooled, 1, self.batch_size, center, precision,
-                              rng.fold_in_compiled(key, 7))
-        covariance = step_size_module.noise_covariance([1.0], noise.within, noise.means)
-        return step_size_module.resolve_step_size(
-            "auto", self.step_size_tolerance, np.asarray(precision), covariance, self.name, info,
-            request=request,
-            offset=step_size_module.initial_offset(theta0, center, precision))
 
 
 class DSGLD(_LangevinAlgorithm):
@@ -511,27 +314,31 @@ class DSGLD(_LangevinAlgorithm):
                            control_variates=self._variates_kind(),
                            client_selection=self.client_selection)
 
+    def _setup_options(self) -> setup.SetupOptions:
+        """What the set-up (:mod:`fedmcmc.langevin.setup`) reads of this configuration:
+        what to choose from the clients' noise statistics, if anything."""
+        return setup.SetupOptions(name=self.name, step_size=self.step_size,
+                                  local_steps=self.local_steps, choice=self._client_setup())
+
+    def _in_process_clients(self, flat_model, federation, data, weights, key, theta0,
+                            info) -> setup.InProcessClients:
+        """The set-up's statistics of the federation's clients, computed here."""
+        return setup.InProcessClients(flat_model, federation, data, theta0, key,
+                                      self.batch_size, info, weights=weights)
+
     def _resolve(self, flat_model, federation, data, weights, key, theta0, info,
                  request: Optional[run_length.RunRequest] = None) -> _Settings:
-        """The run's settings: ``"auto"``, the control variates and f_s resolved (``info``
-        says what was chosen); the Laplace fit they use is kept for the run lengths, and
-        made for them alone when ``request`` asks for ``"auto"`` with a given h."""
-        step_size, variates, chosen = self.step_size, None, None
-        center = precision = None
-        self._check_selection(federation)
-        if self._needs_driver_setup() or (request is not None and request.any_auto):
-            laplace, modes = surrogate_module.fit_laplace(flat_model, federation, theta0,
-                                                          with_modes=True)
-            center, precision = surrogate_module.laplace_of_product(flat_model, laplace, theta0)
-        if self._needs_driver_setup():
-            step_size, variates, chosen = self._resolve_noise(
-                flat_model, federation, data, weights, center, precision, key, None, info,
-                modes, request, theta0)
-        return _Settings(step_size=step_size, variates=variates, client_weights=chosen,
-                         center=center, precision=precision)
-
-    def _check_selection(self, federation) -> None:
-        step_size_module.check_selection(self.client_selection, federation.weights_given)
+        """The run's settings (:func:`fedmcmc.langevin.setup.resolve_dsgld` on the clients'
+        statistics computed here): ``"auto"``, the control variates and f_s resolved
+        (``info`` says what was chosen), the run lengths from the Laplace fit, made for them
+        alone when ``request`` asks for ``"auto"`` with a given h."""
+        clients = self._in_process_clients(flat_model, federation, data, weights, key, theta0,
+                                           info)
+        resolved = setup.resolve_dsgld(clients, self._setup_options(), request)
+        return _Settings(step_size=resolved.step_size,
+                         variates=clients.control_variates(resolved.anchor),
+                         client_weights=resolved.client_weights, center=resolved.center,
+                         precision=resolved.precision, run_length=resolved.run_length)
 
     def _kernel(self, flat_model, data, weights, settings: _Settings, private=None):
         return dsgld.build_kernel(
@@ -546,54 +353,6 @@ class DSGLD(_LangevinAlgorithm):
     def _needs_driver_setup(self) -> bool:
         return (self.step_size == "auto" or self._variates_kind() not in (None, "none")
                 or self.client_selection == "variance")
-
-    def _resolve_noise(self, flat_model, federation, data, weights, center, precision, key,
-                       surrogates, info, modes, request=None, theta0=None):
-        """``"auto"`` or the check of a given h (``step_size.py``), the control variates and
-        the client selection, from the clients' noise statistics of their own estimator
-        (``step_size.ClientNoise``: its unscaled part r_s, so any f_s can be evaluated),
-        chosen by ``step_size.choose_settings`` (the decision logic of every engine).
-
-        ``surrogates``: FSGLD's (its part of r_s is ``-alpha grad log q_s``), else ``None``.
-        ``modes``: the clients' Laplace modes (the anchors of ``control_variates="client"``),
-        or a function that finds them. ``request``: the run's length as asked (the budget of
-        an ``"auto"`` h), ``theta0`` the chains' start. Returns (h, variates, f_s or None).
-        """
-        anchors = {
-            "global": lambda: jnp.asarray(center),
-            "client": lambda: jnp.asarray(modes() if callable(modes) else modes),
-        }
-
-        def variates_of(kind):
-            if kind == "none":
-                return None
-            anchor = anchors[kind]()
-            return estimators.ControlVariates(
-                anchor=anchor, anchor_gradients=_anchor_gradients(flat_model, federation, anchor))
-
-        def surrogate_part(client):
-            return (self.alpha, surrogates.precision[client], surrogates.shift[client])
-
-        conducive = None if surrogates is None else surrogate_part
-
-        kinds = step_size_module.candidate_variates(self._variates_kind(),
-                                                    self.step_size == "auto")
-        variates, noises = {}, {}
-        for kind in kinds:
-            variates[kind] = variates_of(kind)
-            noises[kind] = _client_noise(
-                flat_model, data, federation.num_clients, self.batch_size, center, precision,
-                rng.fold_in_compiled(key, step_size_module.NOISE_STREAM), variates[kind],
-                conducive)
-        kind, client_weights, step_size = step_size_module.choose_settings(
-            noises, np.asarray(precision), np.asarray(weights, np.float64),
-            step_size=self.step_size, tolerance=self.step_size_tolerance,
-            local_steps=self.local_steps, selection=self.client_selection,
-            weights_given=federation.weights_given, name=self.name, info=info,
-            request=request,
-            offset=None if theta0 is None else step_size_module.initial_offset(
-                theta0, center, precision))
-        return step_size, variates[kind], client_weights
 
     def check_run_lengths(self, burn_in, thin) -> None:
         """Refuse run lengths the algorithm cannot use (``ValueError``); default: none."""
@@ -708,9 +467,13 @@ class DSGLD(_LangevinAlgorithm):
         return _Settings(step_size=self.step_size)
 
     def _run_length(self, request, settings: _Settings, theta0, info) -> tuple:
-        """thin and burn_in from the resolved settings (:func:`_resolve_run_length`)."""
-        return _resolve_run_length(request, settings.step_size, settings.center,
-                                   settings.precision, theta0, self.name, info)
+        """thin and burn_in: those the set-up resolved, else as asked (``"auto"`` without a
+        set-up refused: :func:`fedmcmc.langevin.setup.resolve_run_length`)."""
+        length = settings.run_length
+        if length is None and settings.center is None:
+            length = setup.resolve_run_length(request, settings.step_size, None, None, theta0,
+                                              self.name, info)
+        return length or (request.thin, request.burn_in)
 
 
 class FSGLD(DSGLD):
@@ -837,37 +600,22 @@ class FSGLD(DSGLD):
         return self._fit(flat_model, federation, flat_model.ravel(init), setup_key(seed))
 
     def _fit(self, flat_model, federation, theta0, key):
-        return self._fit_with_modes(flat_model, federation, theta0, key)[0]
-
-    def _fit_with_modes(self, flat_model, federation, theta0, key):
-        """(surrogates, the clients' Laplace modes (S, d), or a function that finds them when
-        the surrogates are not Laplace fits)."""
-        def find_modes():
-            return surrogate_module.fit_laplace(flat_model, federation, theta0,
-                                                with_modes=True)[1]
-
         if not isinstance(self.surrogate, str):
-            return surrogate_module.as_surrogates(
-                self.surrogate, flat_model.dim, federation.num_clients), find_modes
-        if self.surrogate == "laplace":
-            return surrogate_module.fit_laplace(flat_model, federation, theta0, self.diagonal,
-                                                with_modes=True)
+            return surrogate_module.as_surrogates(self.surrogate, flat_model.dim,
+                                                  federation.num_clients)
+        clients = setup.InProcessClients(flat_model, federation, None, theta0, key,
+                                         self.batch_size, {})
+        return clients.fit_surrogates(self._surrogate_fit())[0]
+
+    def _surrogate_fit(self) -> setup.SurrogateFit:
+        """How the clients fit their surrogates (``"sgld"``: its h, default ``step_size``)."""
         step = self.surrogate_step_size
-        if step is None:
+        if self.surrogate == "sgld" and step is None:
             self._check_auto_surrogate()
             step = self.step_size if not callable(self.step_size) else float(self.step_size(0))
-        return surrogate_module.fit_surrogates(
-            self.surrogate,
-            flat_model,
-            federation,
-            theta0,
-            key,
-            diagonal=self.diagonal,
-            step_size=step,
-            batch_size=self.batch_size,
-            draws=self.surrogate_draws,
-            burn_in=self.surrogate_burn_in,
-        ), find_modes
+        return setup.SurrogateFit(
+            kind=self.surrogate, diagonal=self.diagonal, step_size=step, batch_size=self.batch_size,
+            draws=self.surrogate_draws, burn_in=self.surrogate_burn_in)
 
     def _check_auto_surrogate(self) -> None:
         if self.step_size == "auto" and self.surrogate == "sgld" and \
@@ -886,33 +634,7 @@ class FSGLD(DSGLD):
         return thin, burn_in
 
     #: minibatch draws per client for the automatic trust radius
-    radius_probes_per_client = 64
-
-    def _auto_trust_radius(self, flat_model, data, weights, surrogates, global_surrogate, center,
-                           key, step_size) -> float:
-        """``trust_radius="auto"`` (``fsgld.auto_trust_radius``): the chi-square quantile widened
-        by the estimator's noise at the centre, tr C. Each client s computes the d + 1 moments of
-        its own estimator (``estimators.estimator_moments``, key ``fold_in(fold_in(key, 7), s)``)
-        -- on the Ray engine in its actor, from its own data -- and tr C follows from them."""
-        clients = np.arange(weights.shape[0], dtype=np.int32)
-
-        # the key is an argument, not a constant: another seed is the same program
-        @jit_with_constants_as_arguments
-        def every_client(clients, key):
-            def moments(client):
-                base = rng.fold_in(key, 7)  # traced here: an eager fold_in compiles
-                return estimator_moments(
-                    flat_model, data, client, weights[client], self.batch_size, self.alpha,
-                    surrogates, global_surrogate, center, rng.fold_in(base, client),
-                    self.radius_probes_per_client)
-
-            return jax.lax.map(moments, clients)
-
-        means, second = every_client(clients, key)
-        noise_trace = fsgld.noise_trace_from_moments(weights, means, second)
-        h = step_size if not callable(step_size) else float(step_size(0))
-        rows = None if self.preconditioner is None else int(np.sum(data.sizes))
-        return fsgld.auto_trust_radius(flat_model.dim, h, noise_trace, rows)
+    radius_probes_per_client = setup.RADIUS_PROBES_PER_CLIENT
 
     def _kernel(self, flat_model, data, weights, settings: _Settings, private=None):
         return fsgld.build_kernel(
@@ -974,49 +696,50 @@ class FSGLD(DSGLD):
             client_weights=settings.client_weights, setup=setup, run_request=run_request,
             preconditioner=self.preconditioner)
 
+    def _setup_options(self) -> setup.SetupOptions:
+        """DSGLD's, with FSGLD's surrogates and alpha; in process the given h is checked
+        against the clients' noise whatever is asked (the statistics cost no message), so
+        ``choice`` is always given."""
+        return setup.SetupOptions(
+            name=self.name, step_size=self.step_size, local_steps=self.local_steps,
+            choice=ClientSetup(tolerance=self.step_size_tolerance,
+                               control_variates=self._variates_kind(),
+                               client_selection=self.client_selection),
+            alpha=self.alpha, alpha_warmup=self.alpha_warmup, surrogate=self.surrogate,
+            fit=self._surrogate_fit() if isinstance(self.surrogate, str) else None,
+            diagonal=self.diagonal)
+
+    def _in_process_clients(self, flat_model, federation, data, weights, key, theta0, info):
+        return setup.InProcessClients(flat_model, federation, data, theta0, key,
+                                      self.batch_size, info, weights=weights,
+                                      radius_probes=self.radius_probes_per_client)
+
     def _resolve(self, flat_model, federation, data, weights, key, theta0, info,
                  request: Optional[run_length.RunRequest] = None) -> "_Settings":
-        """The run's settings: surrogates (re-expanded at the global mode under "auto"),
-        ``"auto"``, the control variates and the trust region resolved."""
-        started = time.perf_counter()
-        self._check_selection(federation)
-        surrogates, modes = self._fit_with_modes(flat_model, federation, theta0, key)
-        if self.step_size == "auto" and self.surrogate == "laplace":
-            # "auto" re-expands the clients' Laplace surrogates at the global mode (a few
-            # Newton rounds, d + d^2 floats per client each): on small, heterogeneous clients
-            # local-mode surrogates leave large client offsets, hence minibatch-like noise
-            surrogates, _ = surrogate_module.expand_at_global_mode(
-                flat_model, federation, surrogates, theta0)
-            info["surrogate_expanded_at_global_mode"] = True
+        """The run's settings (:func:`fedmcmc.langevin.setup.resolve_fsgld` on the clients'
+        statistics computed here): surrogates (re-expanded at the global mode under
+        ``"auto"``), ``"auto"`` or the check of a given h, the control variates, f_s, the run
+        lengths and the trust region (:func:`fedmcmc.langevin.setup.auto_trust_radius`)."""
+        clients = self._in_process_clients(flat_model, federation, data, weights, key, theta0,
+                                           info)
+        given = None
+        if not isinstance(self.surrogate, str):
+            given = surrogate_module.as_surrogates(self.surrogate, flat_model.dim,
+                                                   federation.num_clients)
+        resolved = setup.resolve_fsgld(clients, self._setup_options(), request,
+                                       measure_noise=True, surrogates=given)
+        surrogates, center, metric = resolved.surrogates, resolved.center, resolved.precision
         global_surrogate = surrogate_module.product(surrogates)
-        warmup = self.alpha_warmup
-        info.update(
-            surrogate=self.surrogate if isinstance(self.surrogate, str) else "given",
-            surrogate_diagonal=surrogates.diagonal,
-            surrogate_fit_time=time.perf_counter() - started,
-            alpha=self.alpha,
-            alpha_warmup=warmup,
-            # each client sends (P_s, b_s) once; the server sends q back to each client
-            surrogate_messages=2 * federation.num_clients,
-            surrogate_floats=2 * federation.num_clients * surrogates.floats_per_client,
-        )
-        trust_region = None
-        center, metric = surrogate_module.laplace_of_product(flat_model, surrogates, theta0)
-
-        step_size, variates, chosen = self._resolve_noise(
-            flat_model, federation, data, weights, center, metric, key, surrogates, info,
-            modes, request, theta0)
-        weights = _weights_of(_Settings(step_size, client_weights=chosen), weights)
-        if self.trust_radius is not None:
-            radius = self.trust_radius
-            if radius == "auto":
-                radius = self._auto_trust_radius(
-                    flat_model, data, weights, surrogates, global_surrogate, center, key, step_size
-                )
-            trust_region = fsgld.TrustRegion(center=center, precision=metric, radius=radius)
-            info["trust_radius"] = radius
-        else:
-            info["trust_radius"] = None
-        return _Settings(step_size=step_size, variates=variates, surrogates=surrogates,
-                         global_surrogate=global_surrogate, trust_region=trust_region,
-                         client_weights=chosen, center=center, precision=metric)
+        weights = _weights_of(_Settings(resolved.step_size,
+                                        client_weights=resolved.client_weights), weights)
+        radius = setup.trust_radius(
+            clients, self.trust_radius, weights, self.alpha, surrogates, global_surrogate, center,
+            resolved.step_size, preconditioned_rows=(
+                None if self.preconditioner is None else int(np.sum(federation.sizes))))
+        trust_region = None if radius is None else fsgld.TrustRegion(
+            center=center, precision=metric, radius=radius)
+        return _Settings(step_size=resolved.step_size,
+                         variates=clients.control_variates(resolved.anchor),
+                         surrogates=surrogates, global_surrogate=global_surrogate,
+                         trust_region=trust_region, client_weights=resolved.client_weights,
+                         center=center, precision=metric, run_length=resolved.run_length)

@@ -14,20 +14,17 @@ in-process transport that simulates it message for message):
   centre and metric of prior x q, the trust radius from the clients' moments,
   and f_s, all recomputed over the remaining clients when one is dropped.
 
-``step_size="auto"`` (and the control variates and client selection it chooses) with
-data that stay on the clients (``Federation.from_loaders`` on Ray, ``setup=ClientSetup``):
-the set-up of the in-process engine, each statistic computed by its own client and
-the choice made by the server with the same functions (``step_size.choose_settings``):
-each client's Laplace fit and mode (:meth:`DSGLDProtocol.client_laplace`), FSGLD's
-Newton rounds at the global mode (:meth:`FSGLDProtocol.client_taylor`), and the noise
-statistics of its estimator for every candidate anchor
-(:meth:`DSGLDProtocol.client_noise`, ``estimators.unscaled_noise``), a few floats each.
-
-``thin="auto"`` / ``burn_in="auto"`` with data that stay on the clients (``run_request``):
-the server resolves them in :meth:`DSGLDProtocol.prepare` with the in-process functions
-(``fedmcmc.run_length.resolve`` on ``step_size.relaxation_time`` of the h the visit runs and
-the Laplace fit: DSGLD's product of the clients' Laplace fits, FSGLD's of the surrogates), and
-the engine reads them with :meth:`DSGLDProtocol.run_length` before it configures the clients.
+``step_size="auto"`` (and the control variates and client selection it chooses) and
+``thin="auto"`` / ``burn_in="auto"`` with data that stay on the clients
+(``Federation.from_loaders`` on Ray, ``setup=ClientSetup``, ``run_request``): the set-up of
+``fedmcmc.langevin.setup``, the one the in-process engine runs, with each statistic asked of
+its own client (``setup.MessagePassingClients``): each client's Laplace fit and mode
+(:meth:`DSGLDProtocol.client_laplace`), FSGLD's Newton rounds at the global mode
+(:meth:`FSGLDProtocol.client_taylor`), the noise statistics of its estimator for every
+candidate anchor (:meth:`DSGLDProtocol.client_noise`, ``estimators.unscaled_noise``) and the
+trust radius' moments, a few floats each. :meth:`DSGLDProtocol.prepare` returns what it chose
+(and the run lengths, read by the engine with :meth:`DSGLDProtocol.run_length` before it
+configures the clients).
 
 Keys are the in-process engine's, so both engines give the same draws (the
 tests compare them).
@@ -52,28 +49,14 @@ from ..model import Model
 from ..protocols import ClientContext, HandoffProtocol, ServerSide, UpdateStep
 from ..schedules import as_schedule
 from . import dsgld, fsgld
+from . import setup as setup_module
 from . import step_size as step_size_module
 from .estimators import ControlVariates, estimator_moments, unscaled_noise
+from .setup import ClientSetup, setup_key
 from .sgld import noise_from_keys, run_updates
 
 __all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "HandoffSetup", "DSGLDParameters",
            "FSGLDParameters", "setup_key"]
-
-
-def setup_key(seed: int):
-    """The root of every set-up stream of a run (surrogate fits, noise statistics, trust
-    radius moments): ``fold_in(key(seed), 2**20)``, the same on every engine."""
-    return rng.fold_in_compiled(rng.seed_key(seed), 2**20)
-
-
-class ClientSetup(NamedTuple):
-    """What the protocol's server resolves from the clients' replies before sampling
-    (``step_size="auto"``, ``control_variates``, ``client_selection`` with data that stay on
-    the clients); the constructor's ``step_size`` is ``"auto"`` or the h to check."""
-
-    tolerance: float
-    control_variates: Optional[str]  # "global", "client", "none", or None (automatic)
-    client_selection: Optional[str]  # "proportional", "variance", or None (automatic)
 
 
 class HandoffSetup(NamedTuple):
@@ -288,53 +271,22 @@ class DSGLDProtocol(HandoffProtocol):
             device_array(points), key, variates, conducive, context.data.data)
         return np.asarray(within), np.asarray(mean)
 
-    def _conducive_of(self, surrogates, client: int):
-        """What ``client_noise`` of ``client`` adds to the minibatch gradient: nothing here."""
-        return None
+    def _setup_options(self) -> setup_module.SetupOptions:
+        """What the set-up (:mod:`fedmcmc.langevin.setup`) reads of this protocol; ``choice``:
+        ``setup`` (``None``: the h, anchor and f_s given to the constructor)."""
+        return setup_module.SetupOptions(name=self.name, step_size=self.step_size,
+                                         local_steps=self.local_steps, choice=self.setup)
 
-    def _setup_on_clients(self, server: ServerSide, center, precision, modes,
-                          surrogates=None) -> HandoffSetup:
-        """``"auto"``, the control variates and f_s from the clients' noise statistics, chosen
-        by ``step_size.choose_settings`` (the in-process set-up's one decision logic), returned
-        as a :class:`HandoffSetup`. ``modes()``: the clients' Laplace modes (the anchors of
-        ``control_variates="client"``)."""
-        setup = self.setup
-        step_size_module.check_selection(setup.client_selection, server.weights_given)
-        kinds = step_size_module.candidate_variates(setup.control_variates,
-                                                    isinstance(self.step_size, str))
-        key = rng.fold_in_compiled(setup_key(server.seed), step_size_module.NOISE_STREAM)
-        center_array = np.asarray(center)
-        points = np.asarray(step_size_module.noise_points(center, precision, key))
-        client_modes = modes() if "client" in kinds else None
-        anchors = {"none": lambda s: None, "global": lambda s: center_array,
-                   "client": lambda s: client_modes[s]}
-        noises = {}
-        for kind in kinds:
-            replies = server.ask(
-                "noise", lambda s: (anchors[kind](s), center_array, points,
-                                    self._conducive_of(surrogates, s)), None)
-            noises[kind] = step_size_module.ClientNoise(
-                within=np.stack([within for within, _ in replies]),
-                means=np.stack([mean for _, mean in replies]))
-        # the federation's f_s as the in-process set-up has them (float32)
-        proportional = np.asarray(server.weights, np.float32)
-        kind, client_weights, step_size = step_size_module.choose_settings(
-            noises, np.asarray(precision), proportional, step_size=self.step_size,
-            tolerance=setup.tolerance, local_steps=self.local_steps,
-            selection=setup.client_selection, weights_given=server.weights_given,
-            name=self.name, info=server.info, request=self.run_request,
-            offset=step_size_module.initial_offset(server.theta0, center, precision))
-        server.info["setup_by"] = "clients"
-        return HandoffSetup(
-            step_size=step_size,
-            anchor={"none": None, "global": center_array, "client": client_modes}[kind],
-            client_weights=(None if client_weights is None
-                            else np.asarray(client_weights, np.float64)))
-
-    def _given_setup(self) -> HandoffSetup:
-        """The set-up when the server chooses nothing: the constructor's settings."""
-        return HandoffSetup(step_size=self.step_size, anchor=self.anchor,
-                            client_weights=self.client_weights)
+    def _chosen(self, resolved: setup_module.Resolved) -> HandoffSetup:
+        """What :meth:`prepare` returns of the set-up's choices: the anchor and f_s it chose,
+        or those given to the constructor when it chose nothing."""
+        if self.setup is None:
+            anchor, client_weights = self.anchor, self.client_weights
+        else:
+            anchor = None if resolved.anchor is None else np.asarray(resolved.anchor)
+            client_weights = resolved.client_weights
+        return HandoffSetup(step_size=resolved.step_size, anchor=anchor,
+                            client_weights=client_weights, run_length=resolved.run_length)
 
     def _prepare_variates(self, server: ServerSide, anchor) -> None:
         if anchor is not None:
@@ -356,32 +308,6 @@ class DSGLDProtocol(HandoffProtocol):
         step_size = parameters.step_size
         return lambda t: jnp.full(jnp.shape(t), step_size, dtype=jnp.float32)
 
-    def _wants_run_length(self) -> bool:
-        """Whether prepare must resolve ``"auto"`` run lengths (a Laplace fit for them)."""
-        return self.run_request is not None and self.run_request.any_auto
-
-    def _resolve_run_length(self, server: ServerSide, step_size, center,
-                            precision) -> Optional[tuple]:
-        """(thin, burn_in) of ``run_request`` from the relaxation time of the h the visit runs
-        on the Laplace fit (``center``, ``precision``; None: none was made), as the in-process
-        set-up resolves them (``algorithms._resolve_run_length``); recorded in ``server.info``.
-        ``None`` when nothing is to resolve."""
-        request = self.run_request
-        if request is None:
-            return None
-        if center is None or callable(step_size):
-            if request.any_auto:
-                argument = "thin" if request.auto_thin else "burn_in"
-                why = ("a constant step size (a schedule's h changes during the run)"
-                       if callable(step_size) else "the Laplace fit of the set-up")
-                raise ValueError(f"{argument}='auto' needs {why}; give {argument} as an integer")
-            return None
-        length = run_length.resolve(
-            request, step_size_module.relaxation_time(step_size, precision),
-            step_size_module.initial_offset(server.theta0, center, precision),
-            name=self.name, info=server.info)
-        return (length.thin, length.burn_in)
-
     def run_length(self, server: ServerSide, prepared: HandoffSetup, thin, burn_in) -> tuple:
         """The run's thin and burn_in: those :meth:`prepare` resolved, else as given."""
         if prepared.run_length is not None:
@@ -389,26 +315,14 @@ class DSGLDProtocol(HandoffProtocol):
         return thin, burn_in
 
     def prepare(self, server: ServerSide) -> HandoffSetup:
-        """The clients' Laplace fits when ``"auto"`` settings or run lengths need the
-        posterior's curvature, the settings chosen from the clients' noise statistics
-        (``setup``), the run lengths, and the anchor gradients the clients keep: returned as a
-        :class:`HandoffSetup`."""
-        center = precision = None
-        if self.setup is not None or self._wants_run_length():
-            # DSGLD's curvature: the product of Laplace fits made for the purpose
-            theta0 = np.asarray(server.theta0)
-            fits = server.ask("laplace", lambda s: (theta0, None), None)
-            laplace = surrogate_module.GaussianSurrogates(
-                precision=device_array(np.stack([np.asarray(p) for p, _, _ in fits])),
-                shift=device_array(np.stack([np.asarray(b) for _, b, _ in fits])))
-            center, precision = surrogate_module.laplace_of_product(
-                server.flat_model, laplace, device_array(theta0))
-        chosen = self._given_setup()
-        if self.setup is not None:
-            chosen = self._setup_on_clients(
-                server, center, precision, lambda: np.stack([np.asarray(m) for _, _, m in fits]))
-        chosen = chosen._replace(
-            run_length=self._resolve_run_length(server, chosen.step_size, center, precision))
+        """The set-up of :func:`fedmcmc.langevin.setup.resolve_dsgld` on the clients' replies
+        (:class:`~fedmcmc.langevin.setup.MessagePassingClients`): their Laplace fits when
+        ``"auto"`` settings or run lengths need the posterior's curvature, the settings chosen
+        from their noise statistics (``setup``), the run lengths; then the anchor gradients the
+        clients keep. Returned as a :class:`HandoffSetup`."""
+        resolved = setup_module.resolve_dsgld(setup_module.MessagePassingClients(server),
+                                              self._setup_options(), self.run_request)
+        chosen = self._chosen(resolved)
         self._prepare_variates(server, chosen.anchor)
         return chosen
 
@@ -515,12 +429,15 @@ class FSGLDProtocol(DSGLDProtocol):
         return own
 
     def client_estimator_moments(self, context: ClientContext, weight: float, global_surrogate,
-                                 center):
+                                 center, own=None):
         """The d + 1 moments of this client's FSGLD estimator at ``center`` over
         ``radius_probes_per_client`` of its own minibatches (``estimators.estimator_moments``),
-        with the key the in-process engine uses for this client."""
-        precision, shift = context.store["surrogate"]
-        key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed), 7),
+        with the key the in-process engine uses for this client. ``own``: its surrogate
+        ``(P_s, b_s)`` when the user gave the surrogates (the server sends them: the client has
+        none before it is configured), else the one it fitted."""
+        precision, shift = context.store["surrogate"] if own is None else own
+        key = rng.fold_in_compiled(rng.fold_in_compiled(setup_key(context.seed),
+                                                        setup_module.TRUST_STREAM),
                                    context.index)
         # NumPy arguments: no eager program for a conversion or a new axis
         mean, second = _client_moments(
@@ -544,40 +461,10 @@ class FSGLDProtocol(DSGLDProtocol):
         context.store["surrogate"] = own
         return own
 
-    def _conducive_of(self, surrogates, client: int):
-        """FSGLD's part of the unscaled estimator: ``-alpha grad log q_s``."""
-        return (np.float32(self.alpha), np.asarray(surrogates.precision[client]),
-                np.asarray(surrogates.shift[client]))
-
-    def _setup_fsgld(self, server: ServerSide, surrogates):
-        """The clients' set-up of ``"auto"`` (:meth:`_setup_on_clients`) on the FSGLD
-        estimator: under ``"auto"`` Laplace surrogates re-expanded at the global mode by
-        Newton rounds of the clients' expansions, then the noise at the Laplace fit of
-        prior x q. Returns the settings chosen, the surrogates and that Laplace fit's centre
-        and precision."""
-        theta0 = device_array(server.theta0)
-        if self.step_size == "auto" and self.surrogate == "laplace":
-            diagonal = surrogates.diagonal
-
-            def expand(center):
-                center = np.asarray(center)
-                replies = server.ask("taylor", lambda s: (center, diagonal), None)
-                return surrogate_module.GaussianSurrogates(
-                    precision=device_array(np.stack([np.asarray(p) for p, _ in replies])),
-                    shift=device_array(np.stack([np.asarray(b) for _, b in replies])))
-
-            surrogates, _ = surrogate_module.expand_at_global_mode(
-                server.flat_model, None, surrogates, theta0, expand=expand)
-            server.info["surrogate_expanded_at_global_mode"] = True
-
-        def modes():
-            fits = server.ask("laplace", lambda s: (np.asarray(theta0), self.diagonal), None)
-            return np.stack([np.asarray(m) for _, _, m in fits])
-
-        center, metric = surrogate_module.laplace_of_product(server.flat_model, surrogates,
-                                                             theta0)
-        chosen = self._setup_on_clients(server, center, metric, modes, surrogates)
-        return chosen, surrogates, center, metric
+    def _setup_options(self) -> setup_module.SetupOptions:
+        return super()._setup_options()._replace(
+            alpha=self.alpha, alpha_warmup=self.alpha_warmup, surrogate=self.surrogate,
+            diagonal=self.diagonal)
 
     def complete_parameters(self, context, parameters):
         parameters = super().complete_parameters(context, parameters)
@@ -592,38 +479,21 @@ class FSGLDProtocol(DSGLDProtocol):
 
     # ------------------------------------------------------------------ server side
     def prepare(self, server: ServerSide):
-        """The clients' surrogates: fitted by each client (a reply of d + d^2 or 2d floats)
-        or given by the user; with ``setup``, ``"auto"`` and the variance reduction chosen
-        from the clients' statistics (:meth:`_setup_fsgld`)."""
-        dim = server.flat_model.dim
-        if isinstance(self.surrogate, str):
-            theta0 = np.asarray(server.theta0)
-            fitted = server.ask("fit_surrogate", lambda s: (theta0,), None)
-            surrogates = surrogate_module.GaussianSurrogates(
-                precision=device_array(np.stack([np.asarray(p) for p, _ in fitted])),
-                shift=device_array(np.stack([np.asarray(b) for _, b in fitted])))
-            given = False
-        else:
-            surrogates = surrogate_module.as_surrogates(self.surrogate, dim,
-                                                        server.num_clients)
-            given = True
-        chosen = self._given_setup()
-        if self.setup is not None:
-            chosen, surrogates, center, metric = self._setup_fsgld(server, surrogates)
-        elif self.run_request is not None:
-            # the run lengths' curvature: the Laplace fit of prior x q, as in-process
-            center, metric = surrogate_module.laplace_of_product(
-                server.flat_model, surrogates, device_array(server.theta0))
-        else:
-            center = metric = None
-        chosen = chosen._replace(
-            run_length=self._resolve_run_length(server, chosen.step_size, center, metric),
-            surrogates=surrogates, surrogates_given=given)
+        """The set-up of :func:`fedmcmc.langevin.setup.resolve_fsgld` on the clients' replies:
+        the clients' surrogates (each fits its own, a reply of d + d^2 or 2d floats, or given
+        by the user), and with ``setup`` (under ``"auto"`` re-expanded at the global mode)
+        ``"auto"`` and the variance reduction chosen from the clients' noise statistics; the
+        run lengths; then the anchor gradients the clients keep."""
+        given = None
+        if not isinstance(self.surrogate, str):
+            given = surrogate_module.as_surrogates(self.surrogate, server.flat_model.dim,
+                                                   server.num_clients)
+        resolved = setup_module.resolve_fsgld(
+            setup_module.MessagePassingClients(server), self._setup_options(),
+            self.run_request, measure_noise=self.setup is not None, surrogates=given)
+        chosen = self._chosen(resolved)._replace(surrogates=resolved.surrogates,
+                                                 surrogates_given=given is not None)
         self._prepare_variates(server, chosen.anchor)
-        server.info.update(
-            surrogate=self.surrogate if isinstance(self.surrogate, str) else "given",
-            surrogate_diagonal=surrogates.diagonal, alpha=self.alpha,
-            alpha_warmup=self.alpha_warmup)
         return chosen
 
     def client_parameters(self, server, prepared: HandoffSetup, weights, clients):
@@ -638,33 +508,18 @@ class FSGLDProtocol(DSGLDProtocol):
                                                      shift=device_array(shifts[kept]))
         product = surrogate_module.product(subset)
         global_surrogate = (np.asarray(product.precision), np.asarray(product.shift))
-        trust = None
-        if self.trust_radius is not None:
+        center = metric = None
+        if self.trust_radius is not None:  # the region's centre and metric: prior x q
             center, metric = surrogate_module.laplace_of_product(
                 server.flat_model, subset, device_array(server.theta0))
-            radius = self.trust_radius
-            if radius == "auto":
-                center_array = np.asarray(center)
-                replies = server.ask(
-                    "estimator_moments",
-                    lambda s: (float(weights[s]), global_surrogate, center_array), kept.tolist())
-                means = np.stack([np.asarray(m) for m, _ in replies])
-                second = np.array([v for _, v in replies])
-                # f_s as the clients scaled their estimator with them (float32); renormalised
-                # only over the remaining clients after a drop (tr C cancels large terms)
-                share = np.asarray(np.asarray(weights, np.float32), np.float64)[kept]
-                if len(kept) < len(weights):
-                    share = share / share.sum()
-                trace = fsgld.noise_trace_from_moments(share, means, second)
-                rows = (None if self.preconditioner is None
-                        else int(np.sum(server.sizes)))
-                radius = fsgld.auto_trust_radius(server.flat_model.dim,
-                                                 self._first_step_size(prepared.step_size),
-                                                 trace, rows)
-            trust = (np.asarray(center), np.asarray(metric), np.float32(radius))
-            server.info["trust_radius"] = radius
-        else:
-            server.info["trust_radius"] = None
+        # "auto": the moments of the remaining clients (given surrogates sent with the request)
+        radius = setup_module.trust_radius(
+            setup_module.MessagePassingClients(server), self.trust_radius, weights, self.alpha,
+            surrogates if given else None, global_surrogate, center,
+            self._first_step_size(prepared.step_size), kept.tolist(),
+            None if self.preconditioner is None else int(np.sum(server.sizes)))
+        trust = None if radius is None else (np.asarray(center), np.asarray(metric),
+                                             np.float32(radius))
         parameters: List[FSGLDParameters] = []
         for s in kept.tolist():
             entry: Dict[str, Any] = self._shared_entries(prepared, s, server)

@@ -279,10 +279,10 @@ def step_for_ratio(choice: StepSizeChoice, ratio: float = 1.0) -> Optional[float
 
 
 # ----------------------------------------------------------------------------- the set-up's choices
-# One decision logic for every engine: the in-process set-up (``DSGLD._resolve``: the
-# clients' statistics vmapped over the padded clients) and the clients' own set-up on Ray
-# (``handoff.DSGLDProtocol.prepare``: the same statistics, each computed by its client) give
-# these functions the same replies.
+# One decision logic for every engine: ``fedmcmc.langevin.setup`` asks the clients for their
+# statistics (mapped over the federation's layout in process, or each computed by its client
+# on Ray: ``setup.InProcessClients``, ``setup.MessagePassingClients``) and gives these
+# functions the same replies either way.
 
 
 class StepSizeWarning(UserWarning):

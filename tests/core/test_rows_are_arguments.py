@@ -89,7 +89,7 @@ ALGORITHMS = {  # name: (model, algorithm)
 }
 # the set-up programs that fit or tune from the rows (tens of seconds of compiling on 2 cores)
 SET_UP_ALGORITHMS = {
-    # the control variates' anchor gradients (langevin.algorithms._anchor_gradients)
+    # the control variates' anchor gradients (langevin.setup._anchor_gradients)
     "DSGLD-control-variates": (LOGISTIC, lambda: fm.DSGLD(
         step_size=1e-3, batch_size=10, local_steps=5, control_variates="global")),
     # Laplace surrogates: every client's L-BFGS fit and Hessian
