@@ -246,9 +246,14 @@ def build_kernel(flat_model: FlatModel, padded: PaddedData, max_num_doublings: i
 def build_client_gradients(flat_model: FlatModel, num_clients: int) -> Callable:
     """``(draws (n, d), data_s, mask_s) -> (n, d)``: grad log p_s at each of a client's draws,
     p_s its subposterior (:func:`subposterior_log_density`) on its own rows; compiled (the
-    rows are arguments: every client runs the same program, on either engine)."""
-    log_density = subposterior_log_density(flat_model, num_clients)
-    return jax.jit(jax.vmap(jax.grad(log_density), in_axes=(0, None, None)))
+    rows are arguments: every client runs the same program, on either engine), 64 draws at a
+    time (memory: 64 x the client's rows)."""
+    gradient = jax.grad(subposterior_log_density(flat_model, num_clients))
+
+    def client_gradients(draws, data, mask):
+        return jax.lax.map(lambda theta: gradient(theta, data, mask), draws, batch_size=64)
+
+    return jax.jit(client_gradients)
 
 
 #: the largest condition number a Stein weight W_s may have before the client falls back
