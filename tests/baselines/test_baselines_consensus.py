@@ -12,6 +12,8 @@ Gaussian are close to independent); the tolerance of the mean adds this to the
 ESS-based variance. The variance band is ESS-based (the weights' error enters it only at
 second order: the precision weighting minimises the combined variance). The same check
 rejects the plain (equal-weight) average of the same draws on clients of unequal sizes.
+(The default Stein weights, sym(K_s C_s^-1), are exact on Gaussian subposteriors: the
+weight-estimation term is then a conservative allowance, kept for ``"precision"``.)
 """
 
 import jax.numpy as jnp
