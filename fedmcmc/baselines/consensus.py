@@ -17,8 +17,8 @@ with Sigma_s the covariance of client s's subposterior. When every subposterior 
 (Gaussian likelihoods and prior) the combined draws are exactly distributed as the posterior
 for the exact W_s; with estimated W_s the error vanishes as the number of draws grows.
 
-``weighting="stein"`` (ConsensusMC's default) estimates W_s with Stein's identity: for any (smooth,
-decaying) subposterior p_s, E[grad log p_s(theta) (theta - mu_s)^T] = -I, so with
+``weighting="stein"`` (ConsensusMC's default) estimates W_s with Stein's identity: for
+any (smooth, decaying) subposterior p_s, E[grad log p_s(theta) (theta - mu_s)^T] = -I, so with
 K_s = -(1/n) sum_g grad log p_s(theta_g) (theta_g - theta_bar_s)^T (E[K_s] = I) and C_s the
 draws' covariance (1/n), W_s = sym(K_s C_s^-1) estimates Sigma_s^-1. For a Gaussian
 subposterior with precision Q_s, grad log p_s = -Q_s (theta - m_s) and K_s = Q_s C_s
