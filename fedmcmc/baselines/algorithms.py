@@ -741,9 +741,10 @@ class ConsensusMC(_Baseline):
     """Consensus Monte Carlo (Scott et al. 2016): each client samples its subposterior
     p(x_s | theta) p(theta)^(1/S) with NUTS (BlackJAX) on its own data; the server
     combines the clients' g-th draws by precision-weighted averaging,
-    ``theta_g = (sum_s W_s)^(-1) sum_s W_s theta_{s,g}`` with W_s the inverse sample
-    covariance of client s's draws. One round of communication. Exact when every
-    subposterior is Gaussian (up to the estimation of W_s). See
+    ``theta_g = (sum_s W_s)^(-1) sum_s W_s theta_{s,g}`` with W_s client s's estimate of its
+    subposterior's precision, by default from Stein's identity (its draws and its
+    subposterior's gradients there; exact for a Gaussian subposterior), which it sends with
+    its draws. One round of communication. Exact when every subposterior is Gaussian. See
     :mod:`fedmcmc.baselines.consensus`.
 
     ``num_samples``, ``chains``: per client (every chain of every client is a NUTS chain;
@@ -764,9 +765,14 @@ class ConsensusMC(_Baseline):
     Parameters
     ----------
     weighting:
-        ``"precision"`` (default): W_s = inverse sample covariance (needs more draws per
-        client, chains x num_samples, than parameters); ``"diagonal"``: inverse sample
-        variances; ``"equal"``: the plain average (W_s = I).
+        ``"stein"`` (default): W_s = sym(K_s C_s^-1), the Stein estimate of the subposterior's
+        precision from each client's draws and its gradients there (exact for a Gaussian
+        subposterior, whatever the draws; a client whose estimate is not positive definite
+        uses the inverse sample covariance, with a warning naming it;
+        :func:`fedmcmc.baselines.consensus.stein_precision`); ``"precision"``: W_s = inverse
+        sample covariance (both need more draws per client, chains x num_samples, than
+        parameters); ``"diagonal"``: inverse sample variances; ``"equal"``: the plain
+        average (W_s = I).
     num_warmup:
         NUTS warm-up transitions per client. ``None`` (default): ``burn_in * thin``, or
         200 when that is 0 (NUTS is not run untuned by default); the value used is in
@@ -785,7 +791,7 @@ class ConsensusMC(_Baseline):
     supports_resume: bool = False
     default_warmup: int = 200
 
-    def __init__(self, weighting="precision", *, num_warmup=None, step_size=0.1,
+    def __init__(self, weighting="stein", *, num_warmup=None, step_size=0.1,
                  target_acceptance=0.8, max_num_doublings=10):
         if weighting not in consensus.WEIGHTINGS:
             raise ValueError(f"weighting must be one of {consensus.WEIGHTINGS}, got {weighting!r}")
@@ -810,11 +816,11 @@ class ConsensusMC(_Baseline):
         return {"weighting": self.weighting, "warmup_steps": warmup, "num_clients": num_clients}
 
     def check_run(self, dim: int, chains: int, num_samples: int) -> None:
-        """The weights W_s need enough draws per client: more than d for ``"precision"``,
-        2 for ``"diagonal"`` (``ValueError`` naming ``num_samples``)."""
-        if self.weighting == "precision" and chains * num_samples <= dim:
+        """The weights W_s need enough draws per client: more than d for ``"stein"`` and
+        ``"precision"``, 2 for ``"diagonal"`` (``ValueError`` naming ``num_samples``)."""
+        if self.weighting in ("stein", "precision") and chains * num_samples <= dim:
             raise ValueError(
-                f"num_samples: weighting='precision' estimates each client's {dim}x{dim} "
+                f"num_samples: weighting={self.weighting!r} estimates each client's {dim}x{dim} "
                 f"covariance from chains x num_samples = {chains * num_samples} draws; take "
                 f"more than {dim} (or weighting='diagonal')")
         if self.weighting == "diagonal" and chains * num_samples < 2:
@@ -888,19 +894,66 @@ class ConsensusMC(_Baseline):
         info.update(resolved)
         info["step_size_per_client"] = np.asarray(final.step_size).mean(axis=0).tolist()
         kept = run.draws.shape[1]
-        # one round: init down to every client, every client's kept draws up
+        client_weights = None
+        weight_floats = 0
+        if self.weighting == "stein":
+            usable = self.usable_draws(run, discard)
+            if chains * usable > dim:  # otherwise the run has too few draws to combine
+                client_draws = np.asarray(run.draws).reshape(chains, kept, num_clients, dim)
+                gradients = consensus.build_client_gradients(flat_model, num_clients)
+                rows = jax.tree_util.tree_map(np.asarray, padded.data)
+                mask = np.asarray(padded.mask)
+                replies = []
+                for s in range(num_clients):  # what client s computes and sends
+                    own = client_draws[:, :usable, s].reshape(-1, dim)
+                    replies.append(consensus.client_weights(own, np.asarray(gradients(
+                        own, jax.tree_util.tree_map(lambda leaf: leaf[s], rows), mask[s]))))
+                client_weights = self.stack_weights(replies, info)
+                weight_floats = sum(reply.weight.size + (0 if reply.halves is None
+                                                         else reply.halves.size)
+                                    for reply in replies)
+        # one round: init down to every client, every client's kept draws (and weights) up
         info.update(rounds=1, messages=2 * num_clients,
-                    floats_communicated=int(num_clients * dim + num_clients * chains * kept * dim))
+                    floats_communicated=int(num_clients * dim + num_clients * chains * kept * dim
+                                            + weight_floats))
         info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
         return self._result(run, flat_model, info, chains, thin, discard,
-                            np.asarray(final.divergences), np.asarray(final.acceptance))
+                            np.asarray(final.divergences), np.asarray(final.acceptance),
+                            client_weights=client_weights)
+
+    @staticmethod
+    def usable_draws(run, discard: int) -> int:
+        """The kept draws of every chain the combination uses: those before any divergence."""
+        kept = run.draws.shape[1]
+        if run.diverged.any():
+            return int(max(0, min(run.first_bad_draw[run.diverged]) - discard))
+        return kept
+
+    def stack_weights(self, replies, info: dict) -> tuple:
+        """The clients' :class:`~fedmcmc.baselines.consensus.ClientWeights` stacked
+        (:func:`~fedmcmc.baselines.consensus.stack_client_weights`), W_s into
+        ``info["client_weights"]`` ``(S, d, d)``; the clients whose Stein weight was unusable
+        go into ``info["stein_fallback_clients"]`` and a warning."""
+        weights, halves, fallback = consensus.stack_client_weights(replies)
+        info["client_weights"] = weights
+        info["stein_fallback_clients"] = fallback
+        if fallback:
+            warnings.warn(
+                f"ConsensusMC: the Stein weight W_s = sym(K_s C_s^-1) of client(s) {fallback} "
+                "is not positive definite or is ill-conditioned (a subposterior far from "
+                "Gaussian, or too few draws); those clients use the inverse sample covariance "
+                "of their draws instead. Raise num_samples or chains, or check those "
+                "clients' subposteriors", consensus.CombinationWarning,
+                stacklevel=user_stacklevel())
+        return weights, halves
 
     def _result(self, run, flat_model, info, chains, thin, discard, divergences, acceptance,
-                label=None):
+                label=None, client_weights=None):
         """Combine the clients' draws of a run (``divergences``, ``acceptance``: the clients'
-        NUTS sums, ``(chains, S)``) into the result, or the error that stopped the run
-        (:func:`fedmcmc.results.finish_run`; ``label``: a message-passing engine's), whose
-        result is ``None`` when too few draws were made to combine."""
+        NUTS sums, ``(chains, S)``; ``client_weights``: ``(W (S, d, d), halves' weights)``
+        the clients sent, with ``weighting="stein"``) into the result, or the error that
+        stopped the run (:func:`fedmcmc.results.finish_run`; ``label``: a message-passing
+        engine's), whose result is ``None`` when too few draws were made to combine."""
         dim = flat_model.dim
         num_clients = run.draws.shape[-1] // dim
         kept = run.draws.shape[1]
@@ -911,19 +964,18 @@ class ConsensusMC(_Baseline):
                                    ).tolist(),
             divergent_transitions_per_client=divergences.sum(axis=0).astype(int).tolist())
         info.setdefault("rounds", 1)
-        usable = kept
-        if run.diverged.any():
-            usable = int(max(0, min(run.first_bad_draw[run.diverged]) - discard))
+        usable = self.usable_draws(run, discard)
 
         def combine(draws):
             # the server's combination of the clients' draws made before any divergence
             per_client = draws.reshape(chains, draws.shape[1], num_clients, dim)[:, :usable]
-            combined, _ = consensus.combine(per_client, self.weighting)
+            combined, _ = consensus.combine(per_client, *self.combination_weights(
+                client_weights)[:2])
             return unravel_numpy(flat_model, combined.astype(flat_model.dtype))
 
         cause = _diverged_cause(self, "a client's subposterior is improper or NUTS failed; "
                                 "check the model on each client's data")
-        needed = dim + 1 if self.weighting == "precision" else 2
+        needed = dim + 1 if self.weighting in ("stein", "precision") else 2
         if chains * usable < needed:  # too few draws to combine: the error carries no result
             if run.failure is not None:
                 raise client_failure_error(self.name, label, run, None)
@@ -937,16 +989,32 @@ class ConsensusMC(_Baseline):
         info["client_samples"] = unravel_numpy(flat_model, client_draws)
         return finish_run(run, name=self.name, info=info, dim=dim, thin=thin, sample_stats={},
                           label=label, unravel=combine, divergence_error=diverged,
-                          checks=lambda result: self._report_combination_error(result.info,
-                                                                               client_draws))
+                          checks=lambda result: self._report_combination_error(
+                              result.info, client_draws, client_weights))
 
-    def _report_combination_error(self, info, client_draws) -> None:
+
+    def combination_weights(self, client_weights) -> tuple:
+        """``(weighting, weights, half_weights)`` of the combination: the clients' Stein
+        weights with ``"stein"``, or the server's estimate from the draws (``None``)."""
+        if self.weighting == "stein":
+            if client_weights is not None:
+                return ("stein",) + tuple(client_weights)
+            # a client failed before sending its weight: the draws made are combined
+            warnings.warn("ConsensusMC: no Stein weights were received (a client failed); "
+                          "the draws made are combined with the inverse sample covariances",
+                          consensus.CombinationWarning, stacklevel=user_stacklevel())
+            return "precision", None, None
+        return self.weighting, None, None
+
+    def _report_combination_error(self, info, client_draws, client_weights=None) -> None:
         """``info["combination_error_sd"]``: the predicted error of the combined mean from
         the estimated weights, in posterior sds (the largest coordinate;
         :func:`fedmcmc.baselines.consensus.combination_error`), and a
         :class:`~fedmcmc.baselines.consensus.CombinationWarning` above
         :data:`~fedmcmc.baselines.consensus.COMBINATION_ERROR_WARNING`."""
-        error = float(np.max(consensus.combination_error(client_draws, self.weighting)))
+        weighting, weights, halves = self.combination_weights(client_weights)
+        error = float(np.max(consensus.combination_error(client_draws, weighting,
+                                                         weights=weights, half_weights=halves)))
         info["combination_error_sd"] = error
         if error > consensus.COMBINATION_ERROR_WARNING:
             warnings.warn(
@@ -974,7 +1042,7 @@ class ConsensusMC(_Baseline):
         out.info.update(resolved)
         return self._result(out.run, model.flatten(init), out.info, chains, thin, discard,
                             out.state["divergences"], out.state["acceptance"],
-                            label=engine.label)
+                            label=engine.label, client_weights=out.client_weights)
 
 
 def _diverged_cause(algorithm, advice: str) -> str:

@@ -13,10 +13,24 @@ averaging
 
     theta_g = (sum_s W_s)^(-1) sum_s W_s theta_{s,g},   W_s = Sigma_s^(-1),
 
-with Sigma_s the sample covariance of client s's draws. When every subposterior is
-Gaussian (Gaussian likelihoods and prior) the combined draws are exactly distributed as
-the posterior for the exact W_s; with estimated W_s the error vanishes as the number of
-draws grows. ``weighting="diagonal"`` uses the marginal variances only (a cheaper variant
+with Sigma_s the covariance of client s's subposterior. When every subposterior is Gaussian
+(Gaussian likelihoods and prior) the combined draws are exactly distributed as the posterior
+for the exact W_s; with estimated W_s the error vanishes as the number of draws grows.
+
+``weighting="stein"`` (ConsensusMC's default) estimates W_s with Stein's identity: for
+any (smooth, decaying) subposterior p_s, E[grad log p_s(theta) (theta - mu_s)^T] = -I, so with
+K_s = -(1/n) sum_g grad log p_s(theta_g) (theta_g - theta_bar_s)^T (E[K_s] = I) and C_s the
+draws' covariance (1/n), W_s = sym(K_s C_s^-1) estimates Sigma_s^-1. For a Gaussian
+subposterior with precision Q_s, grad log p_s = -Q_s (theta - m_s) and K_s = Q_s C_s
+exactly, so W_s = Q_s whatever the draws: the weights carry no Monte Carlo error, where the
+inverse sample covariance (``weighting="precision"``) has a relative error of about
+sqrt(d / n) that moves the combined mean (most where small clients have wide
+subposteriors). Each client computes its W_s from its own kept draws and the gradients of
+its subposterior there (:func:`client_weights`) and sends d^2 floats once (with the
+weights of :data:`ERROR_SPLITS` halvings of its draws, for :func:`combination_error`). A
+client whose W_s is not positive definite or ill-conditioned (far from Gaussian, too few
+draws) uses the inverse sample covariance instead, and the run warns naming it.
+``weighting="diagonal"`` uses the marginal variances only (a cheaper variant
 for high dimensions) and ``"equal"`` the plain average (W_s = I). (Formulas are written
 out rather than cited by equation number: only the paper's abstract and first page could
 be consulted when this was written.)
@@ -57,9 +71,18 @@ __all__ = [
     "untuned_states",
     "build_kernel",
     "combine",
+    "ClientWeights",
+    "build_client_gradients",
+    "stein_precision",
+    "client_weights",
+    "stack_client_weights",
 ]
 
-WEIGHTINGS = ("precision", "diagonal", "equal")
+WEIGHTINGS = ("stein", "precision", "diagonal", "equal")
+
+#: random halvings of a client's draws behind the predicted combination error
+#: (:func:`combination_error`; with ``"stein"`` each client computes its halves' weights)
+ERROR_SPLITS = 8
 
 
 class SubposteriorStates(NamedTuple):
@@ -220,19 +243,117 @@ def build_kernel(flat_model: FlatModel, padded: PaddedData, max_num_doublings: i
     return step
 
 
-def combine(draws: np.ndarray, weighting: str = "precision") -> tuple:
+def build_client_gradients(flat_model: FlatModel, num_clients: int) -> Callable:
+    """``(draws (n, d), data_s, mask_s) -> (n, d)``: grad log p_s at each of a client's draws,
+    p_s its subposterior (:func:`subposterior_log_density`) on its own rows; compiled (the
+    rows are arguments: every client runs the same program, on either engine), 64 draws at a
+    time (memory: 64 x the client's rows)."""
+    gradient = jax.grad(subposterior_log_density(flat_model, num_clients))
+
+    def client_gradients(draws, data, mask):
+        return jax.lax.map(lambda theta: gradient(theta, data, mask), draws, batch_size=64)
+
+    return jax.jit(client_gradients)
+
+
+#: the largest condition number a Stein weight W_s may have before the client falls back
+STEIN_MAX_CONDITION = 1e10
+
+
+def stein_precision(draws: np.ndarray, gradients: np.ndarray) -> tuple:
+    """``(W_s (d, d), ok)``: the Stein estimate of a subposterior's precision,
+    W_s = sym(K_s C_s^-1) with K_s = -(1/n) sum_g grad_g (theta_g - theta_bar)^T and C_s the
+    draws' covariance (1/n), sym(A) = (A + A^T) / 2 (see the module docstring). ``ok`` is
+    False when W_s is not finite, not positive definite or has a condition number above
+    :data:`STEIN_MAX_CONDITION`; W_s is then the inverse sample covariance (1/(n-1)), the
+    ``"precision"`` weight. ``draws``, ``gradients``: (n, d), n > d."""
+    draws = np.asarray(draws, dtype=np.float64)
+    gradients = np.asarray(gradients, dtype=np.float64)
+    n = draws.shape[0]
+    centred = draws - draws.mean(axis=0)
+    covariance = centred.T @ centred / n
+    stein = -(gradients.T @ centred) / n  # K_s
+    with np.errstate(all="ignore"):
+        try:
+            weight = np.linalg.solve(covariance, stein.T).T  # K_s C_s^-1 (C_s symmetric)
+        except np.linalg.LinAlgError:
+            weight = np.full_like(covariance, np.nan)
+        weight = 0.5 * (weight + weight.T)
+        ok = bool(np.all(np.isfinite(weight)))
+        if ok:
+            eigenvalues = np.linalg.eigvalsh(weight)
+            ok = bool(eigenvalues[0] > 0
+                      and eigenvalues[-1] <= STEIN_MAX_CONDITION * eigenvalues[0])
+    if ok:
+        return weight, True
+    return np.linalg.inv(np.atleast_2d(np.cov(draws, rowvar=False))), False
+
+
+class ClientWeights(NamedTuple):
+    """What a client sends up once with ``weighting="stein"`` (:func:`client_weights`)."""
+
+    weight: np.ndarray  # (d, d) W_s from all its kept draws
+    halves: object  # (ERROR_SPLITS, 2, d, d) W_s of each halving's two halves, or None
+    stein: bool  # False: W_s is the inverse sample covariance (the Stein weight was unusable)
+
+
+def client_weights(draws: np.ndarray, gradients: np.ndarray, splits: int = ERROR_SPLITS,
+                   seed: int = 0) -> ClientWeights:
+    """A client's Stein weight (:func:`stein_precision`) from its kept draws ``(n, d)`` (every
+    chain, chain after chain) and its subposterior's gradients there, and the weights of the
+    two halves of ``splits`` random halvings (the halvings :func:`combination_error` makes:
+    the same generator, so the same on every client; ``None`` when it predicts no error from
+    so few draws). d^2 (1 + 2 splits) floats."""
+    draws = np.asarray(draws, dtype=np.float64)
+    gradients = np.asarray(gradients, dtype=np.float64)
+    total, dim = draws.shape
+    weight, stein = stein_precision(draws, gradients)
+    halves = None
+    if total >= 2 * (dim + 2):
+        generator = np.random.default_rng(seed)
+        half = total // 2
+        halves = np.empty((splits, 2, dim, dim))
+        for split in range(splits):
+            order = generator.permutation(total)
+            for side, part in enumerate((order[:half], order[half:2 * half])):
+                halves[split, side] = stein_precision(draws[part], gradients[part])[0]
+    return ClientWeights(weight, halves, stein)
+
+
+def stack_client_weights(replies) -> tuple:
+    """``(weights (S, d, d), half_weights (splits, 2, S, d, d) or None, fallback_clients)``
+    from the clients' :class:`ClientWeights`, in client order; ``fallback_clients``: the
+    clients whose Stein weight was unusable (they sent the inverse sample covariance)."""
+    weights = np.stack([np.asarray(reply.weight) for reply in replies])
+    halves = None
+    if all(reply.halves is not None for reply in replies):
+        halves = np.stack([np.asarray(reply.halves) for reply in replies], axis=2)
+    fallback = [client for client, reply in enumerate(replies) if not reply.stein]
+    return weights, halves, fallback
+
+
+def combine(draws: np.ndarray, weighting: str = "precision", weights=None) -> tuple:
     """The consensus draws theta_g = (sum_s W_s)^(-1) sum_s W_s theta_{s,g}.
 
     ``draws``: (chains, n, S, d) the g-th draw of every client of every chain. The weights
-    W_s are estimated from all of client s's draws (every chain). Returns
-    ``(combined (chains, n, d), weights (S, d, d))``.
+    W_s are estimated from all of client s's draws (every chain), or are ``weights``
+    ``(S, d, d)`` when given (with ``weighting="stein"`` they must be: the clients' Stein
+    weights, :func:`client_weights`). Returns ``(combined (chains, n, d), weights (S, d, d))``.
     """
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     draws = np.asarray(draws, dtype=np.float64)
     chains, n, num_clients, dim = draws.shape
     per_client = draws.transpose(2, 0, 1, 3).reshape(num_clients, chains * n, dim)
-    if weighting == "equal":
+    if weights is not None:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (num_clients, dim, dim):
+            raise ValueError(f"weights: expected shape {(num_clients, dim, dim)}, got "
+                             f"{weights.shape}")
+    elif weighting == "stein":
+        raise ValueError("weights: weighting='stein' needs the clients' Stein weights "
+                         "(consensus.client_weights), which need their gradients")
+    elif weighting == "equal":
         weights = np.broadcast_to(np.eye(dim), (num_clients, dim, dim)).copy()
     elif weighting == "diagonal":
         variances = per_client.var(axis=1, ddof=1)
@@ -256,8 +377,8 @@ class CombinationWarning(UserWarning):
     from the clients' draws (invisible to R-hat and ESS)."""
 
 
-def combination_error(draws: np.ndarray, weighting: str = "precision", splits: int = 8,
-                      seed: int = 0) -> np.ndarray:
+def combination_error(draws: np.ndarray, weighting: str = "precision", splits: int = ERROR_SPLITS,
+                      seed: int = 0, weights=None, half_weights=None) -> np.ndarray:
     """The sd of the combined mean's error due to the weights W_s estimated from draws, per
     coordinate and in units of the combined draws' sd (0 for ``"equal"``).
 
@@ -266,25 +387,33 @@ def combination_error(draws: np.ndarray, weighting: str = "precision", splits: i
     draws each, applied to the same m_s: their combined means differ by e_A - e_B, two
     independent errors of twice the variance of the n-draw estimate's (it is proportional
     to 1/n), so the error variance of the n-draw weights is E[(mu_A - mu_B)^2] / 4.
-    ``draws``: (chains, n, S, d)."""
+    ``draws``: (chains, n, S, d). With ``weighting="stein"`` the weights are the clients'
+    (``weights`` (S, d, d) and ``half_weights`` (splits, 2, S, d, d), the halves' weights of
+    :func:`client_weights`, whose halvings are these): the combination's own weights."""
     draws = np.asarray(draws, dtype=np.float64)
     chains, n, num_clients, dim = draws.shape
     if weighting == "equal" or chains * n < 2 * (dim + 2):
         return np.zeros(dim)
+    if weighting == "stein" and (weights is None or half_weights is None):
+        raise ValueError("half_weights: weighting='stein' predicts its error from the "
+                         "clients' weights of halves of their draws (consensus.client_weights)")
     per_client = draws.transpose(2, 0, 1, 3).reshape(num_clients, chains * n, dim)
     means = per_client.mean(axis=1)
-    combined, _ = combine(draws, weighting)
+    combined, _ = combine(draws, weighting, weights)
     sd = np.maximum(combined.reshape(-1, dim).std(axis=0), np.finfo(np.float64).tiny)
     generator = np.random.default_rng(seed)
     squared = np.zeros(dim)
     half = (chains * n) // 2
-    for _ in range(splits):
+    for split in range(splits):
         order = generator.permutation(chains * n)
         centres = []
-        for part in (order[:half], order[half:2 * half]):
-            halves = per_client[:, part][None].transpose(0, 2, 1, 3)  # (1, n/2, S, d)
-            _, weights = combine(halves, weighting)
-            centres.append(np.linalg.solve(weights.sum(axis=0),
-                                           np.einsum("sij,sj->i", weights, means)))
+        for side, part in enumerate((order[:half], order[half:2 * half])):
+            if weighting == "stein":
+                part_weights = np.asarray(half_weights[split, side], dtype=np.float64)
+            else:
+                halves = per_client[:, part][None].transpose(0, 2, 1, 3)  # (1, n/2, S, d)
+                _, part_weights = combine(halves, weighting)
+            centres.append(np.linalg.solve(part_weights.sum(axis=0),
+                                           np.einsum("sij,sj->i", part_weights, means)))
         squared += (centres[0] - centres[1]) ** 2
     return np.sqrt(squared / splits / 4.0) / sd

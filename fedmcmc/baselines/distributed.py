@@ -73,6 +73,9 @@ class BaselineRun(NamedTuple):
     run: ChainRun
     info: Dict[str, Any]
     state: Any
+    #: consensus MC with ``weighting="stein"``: the clients' weights, stacked
+    #: (``ConsensusMC.stack_weights``); None otherwise or when a client failed
+    client_weights: Any = None
 
 
 # ----------------------------------------------------------------------------- client side
@@ -306,6 +309,8 @@ class ConsensusFunctions(BroadcastProtocol):
                 flat, num_clients, settings["warmup"], settings["target_acceptance"])
         log_density = consensus.subposterior_log_density(flat, num_clients)
         store["value_and_grad"] = jax.jit(jax.value_and_grad(log_density))
+        if settings.get("weighting") == "stein":
+            store["gradients"] = consensus.build_client_gradients(flat, num_clients)
 
         # the client's index and rows are arguments, not constants: every client runs the
         # same program (compiled once when the persistent compilation cache is on)
@@ -358,6 +363,7 @@ class ConsensusFunctions(BroadcastProtocol):
             inverse_mass = tile(jnp.ones_like(theta0))
         store["carry"] = (position, logdensity, grad, step_size, inverse_mass,
                           jnp.zeros((chains,), jnp.int32), jnp.zeros((chains,), theta0.dtype))
+        store["positions"] = []  # its draws, kept for its Stein weight (client_weights)
         return np.asarray(step_size)
 
     def client_respond(self, context: ClientContext, key_data):
@@ -371,8 +377,21 @@ class ConsensusFunctions(BroadcastProtocol):
         store["carry"], positions = store["draws"](store["carry"], _keys(padded),
                                                    jnp.int32(count), jnp.int32(context.index),
                                                    store["data"], store["mask"])
-        return (np.asarray(positions[:count]), np.asarray(store["carry"][5]),
-                np.asarray(store["carry"][6]))
+        positions = np.asarray(positions[:count])
+        if "gradients" in store:
+            store["positions"].append(positions)
+        return (positions, np.asarray(store["carry"][5]), np.asarray(store["carry"][6]))
+
+    def client_weights(self, context: ClientContext, first: int, count: int):
+        """Its Stein weight (``weighting="stein"``; :func:`consensus.client_weights`) from its
+        draws ``first`` to ``first + count`` of every chain (the kept draws the server
+        combines) and its subposterior's gradients there: d^2 (1 + 2 splits) floats, once."""
+        store = context.store["consensus"]
+        positions = np.concatenate(store["positions"], axis=0)[first:first + count]
+        dim = context.flat_model.dim
+        own = positions.transpose(1, 0, 2).reshape(-1, dim)  # chain after chain
+        return consensus.client_weights(own, np.asarray(store["gradients"](
+            own, store["data"], store["mask"])))
 
 
 # ----------------------------------------------------------------------------- server side
@@ -641,7 +660,8 @@ def sample_consensus(algorithm, model, federation, engine, options: Dict[str, An
                         longest=int(min(chunk, discard + num_samples)),
                         target_acceptance=algorithm.target_acceptance,
                         step_size=algorithm.step_size,
-                        max_num_doublings=algorithm.max_num_doublings)
+                        max_num_doublings=algorithm.max_num_doublings,
+                        weighting=algorithm.weighting)
         clients.configure(lambda s: settings)
         key = jax.random.key(seed)
         warm_keys = _key_data(jax.random.split(jax.random.fold_in(key, 2**20), chains))
@@ -670,5 +690,11 @@ def sample_consensus(algorithm, model, federation, engine, options: Dict[str, An
                     chunk_size=chunk)
         info = algorithm.settings_info(num_clients, warmup)
         info["step_size_per_client"] = np.stack(step_sizes, axis=1).mean(axis=0).tolist()
+        weights = None
+        if algorithm.weighting == "stein" and run.failure is None:
+            usable = algorithm.usable_draws(run, discard)
+            if chains * usable > dim:  # every client's weight from the draws combined
+                weights = algorithm.stack_weights(clients.setup("weights", discard, usable),
+                                                  info)
         info.update(clients.info())
-    return BaselineRun(run, info, run.state)
+    return BaselineRun(run, info, run.state, weights)

@@ -272,7 +272,8 @@ SAMPLE_PROGRAMS = {
     "_seed_key_program", "run_chunk", "initial_states", "fold_in_compiled", "_modes_program",
     "_taylor_program", "product", "_laplace_of_product", "laplace_points", "every_client",
     "_conducive_terms", "<lambda>", "hess", "stage", "potential", "_terms", "_third",
-    "warm_up_keys", "chain", "untuned_states"} | CLIENT_PROGRAMS | {"next_client"}
+    "warm_up_keys", "chain", "untuned_states", "client_gradients"} | CLIENT_PROGRAMS | {
+    "next_client"}
 
 
 @pytest.mark.slow
