@@ -257,8 +257,16 @@ def laplace_of_product(flat_model: FlatModel, surrogates: GaussianSurrogates, th
     """Mode and precision of prior x prod_s q_s: the server's cheap Gaussian guess of the posterior.
 
     The prior enters through its second-order expansion at ``theta0``; the
-    linear system is solved with the PSD-projected total precision. Returns
-    ``(mode, precision)`` (precision diagonal when the surrogates are). One compiled
+    linear system is solved with the PSD-projected total precision, whose eigenvalues are
+    floored at the prior's smallest curvature (``-`` its Hessian at ``theta0``, when positive):
+    on a non-log-concave posterior (a neural network; surrogates expanded where the
+    likelihood curves upward) a direction the data leave flat or curving the wrong way is
+    taken to be as wide as the prior says, never infinitely wide, so the relaxation time
+    ``2 / (h lambda_min)`` of ``step_size="auto"`` and ``thin="auto"`` stays finite and the
+    Laplace draws of the noise measurement stay finite (issue 45: FSGLD's "auto" on the
+    Table 1 MLP met zero precisions and failed with non-finite moments). For a log-concave
+    likelihood the floor changes nothing (Weyl: every eigenvalue is already above it).
+    Returns ``(mode, precision)`` (precision diagonal when the surrogates are). One compiled
     program (run op by op, the prior's Hessian alone compiled dozens of small ones).
     """
     return _laplace_of_product(flat_model, surrogates, theta0)
@@ -270,11 +278,16 @@ def _laplace_of_product(flat_model: FlatModel, surrogates: GaussianSurrogates, t
     prior_grad = flat_model.grad_log_prior(theta0)
     prior_hessian = jax.hessian(flat_model.log_prior)(theta0)
     if surrogates.diagonal:
-        precision = jnp.maximum(total.precision - jnp.diagonal(prior_hessian), 0.0)
+        # the data's curvature clipped at zero, then the prior's: (for total >= 0 and a
+        # log-concave prior the same floats as max(total - prior_hessian, 0))
+        precision = jnp.maximum(
+            jnp.maximum(total.precision, 0.0) - jnp.diagonal(prior_hessian), 0.0)
         shift = total.shift + prior_grad - jnp.diagonal(prior_hessian) * theta0
         mode = jnp.where(precision > 0, shift / jnp.where(precision > 0, precision, 1.0), theta0)
         return mode, precision
-    precision = _project_psd(total.precision - prior_hessian)
+    prior_floor = jnp.maximum(jnp.linalg.eigvalsh(-0.5 * (prior_hessian + prior_hessian.T))[0],
+                              0.0)
+    precision = _project_psd(total.precision - prior_hessian, prior_floor)
     shift = total.shift + prior_grad - prior_hessian @ theta0
     return jnp.linalg.lstsq(precision, shift)[0], precision
 
