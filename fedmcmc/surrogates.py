@@ -355,9 +355,36 @@ def expand_at_global_mode(flat_model: FlatModel, federation: Optional[Federation
 
     center, _ = laplace_of_product(flat_model, surrogates, theta0)
     for _ in range(int(rounds)):
-        surrogates = expand(center)
-        center, _ = laplace_of_product(flat_model, surrogates, center)
+        expanded = _curving_down(expand(center), center)
+        new_center, _ = laplace_of_product(flat_model, expanded, center)
+        if not bool(jnp.all(jnp.isfinite(new_center))):
+            break  # keep the last finite round's surrogates (never met with the floor above)
+        surrogates, center = expanded, new_center
     return surrogates, center
+
+
+@jax.jit
+def _curving_down(surrogates: GaussianSurrogates, center) -> GaussianSurrogates:
+    """Expansions at ``center`` with their curvature made non-negative (negative diagonal
+    entries set to zero, negative eigenvalues of a full precision clipped at zero), the
+    linear term moved so that each q_s keeps its gradient at ``center``
+    (``b_s' = b_s + (P_s' - P_s) center``). On a non-log-concave likelihood (a ReLU network)
+    a client's expansion curves upward in some directions; a Newton step on them then
+    jumps without bound (issue 45, the Table 1 MLP at 30 clients x 2,000 rows: the global
+    mode went to 5e19, where every client's curvature is zero, and FSGLD's "auto" failed
+    with non-finite noise). A log-concave client's expansion is returned as it is."""
+    precision, shift = surrogates
+    if surrogates.diagonal:
+        floored = jnp.maximum(precision, 0.0)
+        return GaussianSurrogates(precision=floored, shift=shift + (floored - precision) * center)
+
+    def one(matrix):
+        lowest = jnp.linalg.eigvalsh(0.5 * (matrix + matrix.T))[0]
+        return jnp.where(lowest < 0, _project_psd(matrix), matrix)
+
+    floored = jax.vmap(one)(precision)
+    return GaussianSurrogates(precision=floored,
+                              shift=shift + jnp.einsum("sij,j->si", floored - precision, center))
 
 
 def fit_sgld(
