@@ -353,14 +353,38 @@ def expand_at_global_mode(flat_model: FlatModel, federation: Optional[Federation
         def expand(center):
             return taylor_surrogates(flat_model, federation, center, diagonal)
 
-    center, _ = laplace_of_product(flat_model, surrogates, theta0)
+    center, precision = laplace_of_product(flat_model, surrogates, theta0)
     for _ in range(int(rounds)):
-        expanded = _curving_down(expand(center), center)
-        new_center, _ = laplace_of_product(flat_model, expanded, center)
-        if not bool(jnp.all(jnp.isfinite(new_center))):
-            break  # keep the last finite round's surrogates (never met with the floor above)
-        surrogates, center = expanded, new_center
+        expanded, curved_up = _curving_down(expand(center), center)
+        new_center, new_precision = laplace_of_product(flat_model, expanded, center)
+        curved_up = bool(curved_up)
+        if curved_up and not _within_reach(new_center - center, precision):
+            # a Newton step past the Gaussian's reach: the quadratic model is wrong there
+            # (a non-log-concave posterior: on the Table 1 MLP the first step went from
+            # |theta| 2.4 to 62 and the rounds after to 5e19); keep the last round's
+            break
+        surrogates, center, precision = expanded, new_center, new_precision
     return surrogates, center
+
+
+#: a Newton round of :func:`expand_at_global_mode` is kept when its step is within this
+#: quantile of the chi-square distance of the current Laplace fit (d degrees of freedom)
+NEWTON_REACH_QUANTILE = 1.0 - 1e-4
+
+
+def _within_reach(step, precision) -> bool:
+    """(Checked only where some client's expansion curved upward: a log-concave
+    federation's rounds are all kept.) Whether ``step`` is finite and within the :data:`NEWTON_REACH_QUANTILE` quantile of
+    the distance sqrt(step^T P step) of draws of N(., P^{-1})."""
+    from scipy.stats import chi2
+
+    step = np.asarray(step, np.float64)
+    if not np.all(np.isfinite(step)):
+        return False
+    precision = np.asarray(precision, np.float64)
+    squared = (float(np.sum(precision * step * step)) if precision.ndim == 1
+               else float(step @ precision @ step))
+    return squared <= chi2.ppf(NEWTON_REACH_QUANTILE, step.size)
 
 
 @jax.jit
@@ -372,19 +396,23 @@ def _curving_down(surrogates: GaussianSurrogates, center) -> GaussianSurrogates:
     a client's expansion curves upward in some directions; a Newton step on them then
     jumps without bound (issue 45, the Table 1 MLP at 30 clients x 2,000 rows: the global
     mode went to 5e19, where every client's curvature is zero, and FSGLD's "auto" failed
-    with non-finite noise). A log-concave client's expansion is returned as it is."""
+    with non-finite noise). A log-concave client's expansion is returned as it is.
+    Returns ``(surrogates, whether any curvature was floored)``."""
     precision, shift = surrogates
     if surrogates.diagonal:
         floored = jnp.maximum(precision, 0.0)
-        return GaussianSurrogates(precision=floored, shift=shift + (floored - precision) * center)
+        return (GaussianSurrogates(precision=floored,
+                                   shift=shift + (floored - precision) * center),
+                jnp.any(precision < 0))
 
     def one(matrix):
         lowest = jnp.linalg.eigvalsh(0.5 * (matrix + matrix.T))[0]
-        return jnp.where(lowest < 0, _project_psd(matrix), matrix)
+        return jnp.where(lowest < 0, _project_psd(matrix), matrix), lowest < 0
 
-    floored = jax.vmap(one)(precision)
-    return GaussianSurrogates(precision=floored,
-                              shift=shift + jnp.einsum("sij,j->si", floored - precision, center))
+    floored, curved_up = jax.vmap(one)(precision)
+    return (GaussianSurrogates(precision=floored,
+                               shift=shift + jnp.einsum("sij,j->si", floored - precision, center)),
+            jnp.any(curved_up))
 
 
 def fit_sgld(

@@ -95,3 +95,23 @@ def test_auto_on_an_mlp_moves_within_the_budget(name):
             warnings.simplefilter("ignore", run_length.RunLengthWarning)
             fm.sample(model, federation, algorithm(1e-12), init, num_samples=NUM_SAMPLES,
                       burn_in=0, thin=1, chains=CHAINS, seed=0)
+
+
+def test_expansions_curving_upward_are_floored_keeping_their_gradient():
+    """FSGLD's re-expansion at the global mode: a client's expansion that curves upward gets
+    zero curvature there, with the same gradient at the expansion point (diagonal and full);
+    one that curves downward is kept as it is."""
+    center = jnp.array([2.0, 3.0])
+    for precision in (jnp.array([[-1.0, 2.0]]), jnp.array([[[-1.0, 0.0], [0.0, 2.0]]])):
+        given = surrogates.GaussianSurrogates(precision=precision, shift=jnp.array([[1.0, 1.0]]))
+        floored, curved_up = surrogates._curving_down(given, center)
+        assert bool(curved_up)
+        matrix = lambda p: np.diag(np.asarray(p)[0]) if p.ndim == 2 else np.asarray(p)[0]
+        gradient = lambda s: np.asarray(s.shift)[0] - matrix(s.precision) @ np.asarray(center)
+        np.testing.assert_allclose(gradient(floored), gradient(given), rtol=1e-6)
+        assert np.linalg.eigvalsh(matrix(floored.precision)).min() >= 0
+    concave = surrogates.GaussianSurrogates(precision=jnp.array([[1.0, 2.0]]),
+                                            shift=jnp.array([[1.0, 1.0]]))
+    kept, curved_up = surrogates._curving_down(concave, center)
+    assert not bool(curved_up)
+    np.testing.assert_array_equal(kept.shift, concave.shift)
