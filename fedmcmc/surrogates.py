@@ -257,8 +257,16 @@ def laplace_of_product(flat_model: FlatModel, surrogates: GaussianSurrogates, th
     """Mode and precision of prior x prod_s q_s: the server's cheap Gaussian guess of the posterior.
 
     The prior enters through its second-order expansion at ``theta0``; the
-    linear system is solved with the PSD-projected total precision. Returns
-    ``(mode, precision)`` (precision diagonal when the surrogates are). One compiled
+    linear system is solved with the PSD-projected total precision, whose eigenvalues are
+    floored at the prior's smallest curvature (``-`` its Hessian at ``theta0``, when positive):
+    on a non-log-concave posterior (a neural network; surrogates expanded where the
+    likelihood curves upward) a direction the data leave flat or curving the wrong way is
+    taken to be as wide as the prior says, never infinitely wide, so the relaxation time
+    ``2 / (h lambda_min)`` of ``step_size="auto"`` and ``thin="auto"`` stays finite and the
+    Laplace draws of the noise measurement stay finite (issue 45: FSGLD's "auto" on the
+    Table 1 MLP met zero precisions and failed with non-finite moments). For a log-concave
+    likelihood the floor changes nothing (Weyl: every eigenvalue is already above it).
+    Returns ``(mode, precision)`` (precision diagonal when the surrogates are). One compiled
     program (run op by op, the prior's Hessian alone compiled dozens of small ones).
     """
     return _laplace_of_product(flat_model, surrogates, theta0)
@@ -270,11 +278,16 @@ def _laplace_of_product(flat_model: FlatModel, surrogates: GaussianSurrogates, t
     prior_grad = flat_model.grad_log_prior(theta0)
     prior_hessian = jax.hessian(flat_model.log_prior)(theta0)
     if surrogates.diagonal:
-        precision = jnp.maximum(total.precision - jnp.diagonal(prior_hessian), 0.0)
+        # the data's curvature clipped at zero, then the prior's: (for total >= 0 and a
+        # log-concave prior the same floats as max(total - prior_hessian, 0))
+        precision = jnp.maximum(
+            jnp.maximum(total.precision, 0.0) - jnp.diagonal(prior_hessian), 0.0)
         shift = total.shift + prior_grad - jnp.diagonal(prior_hessian) * theta0
         mode = jnp.where(precision > 0, shift / jnp.where(precision > 0, precision, 1.0), theta0)
         return mode, precision
-    precision = _project_psd(total.precision - prior_hessian)
+    prior_floor = jnp.maximum(jnp.linalg.eigvalsh(-0.5 * (prior_hessian + prior_hessian.T))[0],
+                              0.0)
+    precision = _project_psd(total.precision - prior_hessian, prior_floor)
     shift = total.shift + prior_grad - prior_hessian @ theta0
     return jnp.linalg.lstsq(precision, shift)[0], precision
 
@@ -340,11 +353,66 @@ def expand_at_global_mode(flat_model: FlatModel, federation: Optional[Federation
         def expand(center):
             return taylor_surrogates(flat_model, federation, center, diagonal)
 
-    center, _ = laplace_of_product(flat_model, surrogates, theta0)
+    center, precision = laplace_of_product(flat_model, surrogates, theta0)
     for _ in range(int(rounds)):
-        surrogates = expand(center)
-        center, _ = laplace_of_product(flat_model, surrogates, center)
+        expanded, curved_up = _curving_down(expand(center), center)
+        new_center, new_precision = laplace_of_product(flat_model, expanded, center)
+        curved_up = bool(curved_up)
+        if curved_up and not _within_reach(new_center - center, precision):
+            # a Newton step past the Gaussian's reach: the quadratic model is wrong there
+            # (a non-log-concave posterior: on the Table 1 MLP the first step went from
+            # |theta| 2.4 to 62 and the rounds after to 5e19); keep the last round's
+            break
+        surrogates, center, precision = expanded, new_center, new_precision
     return surrogates, center
+
+
+#: a Newton round of :func:`expand_at_global_mode` is kept when its step is within this
+#: quantile of the chi-square distance of the current Laplace fit (d degrees of freedom)
+NEWTON_REACH_QUANTILE = 1.0 - 1e-4
+
+
+def _within_reach(step, precision) -> bool:
+    """(Checked only where some client's expansion curved upward: a log-concave
+    federation's rounds are all kept.) Whether ``step`` is finite and within the :data:`NEWTON_REACH_QUANTILE` quantile of
+    the distance sqrt(step^T P step) of draws of N(., P^{-1})."""
+    from scipy.stats import chi2
+
+    step = np.asarray(step, np.float64)
+    if not np.all(np.isfinite(step)):
+        return False
+    precision = np.asarray(precision, np.float64)
+    squared = (float(np.sum(precision * step * step)) if precision.ndim == 1
+               else float(step @ precision @ step))
+    return squared <= chi2.ppf(NEWTON_REACH_QUANTILE, step.size)
+
+
+@jax.jit
+def _curving_down(surrogates: GaussianSurrogates, center) -> GaussianSurrogates:
+    """Expansions at ``center`` with their curvature made non-negative (negative diagonal
+    entries set to zero, negative eigenvalues of a full precision clipped at zero), the
+    linear term moved so that each q_s keeps its gradient at ``center``
+    (``b_s' = b_s + (P_s' - P_s) center``). On a non-log-concave likelihood (a ReLU network)
+    a client's expansion curves upward in some directions; a Newton step on them then
+    jumps without bound (issue 45, the Table 1 MLP at 30 clients x 2,000 rows: the global
+    mode went to 5e19, where every client's curvature is zero, and FSGLD's "auto" failed
+    with non-finite noise). A log-concave client's expansion is returned as it is.
+    Returns ``(surrogates, whether any curvature was floored)``."""
+    precision, shift = surrogates
+    if surrogates.diagonal:
+        floored = jnp.maximum(precision, 0.0)
+        return (GaussianSurrogates(precision=floored,
+                                   shift=shift + (floored - precision) * center),
+                jnp.any(precision < 0))
+
+    def one(matrix):
+        lowest = jnp.linalg.eigvalsh(0.5 * (matrix + matrix.T))[0]
+        return jnp.where(lowest < 0, _project_psd(matrix), matrix), lowest < 0
+
+    floored, curved_up = jax.vmap(one)(precision)
+    return (GaussianSurrogates(precision=floored,
+                               shift=shift + jnp.einsum("sij,j->si", floored - precision, center)),
+            jnp.any(curved_up))
 
 
 def fit_sgld(

@@ -270,7 +270,7 @@ for index, algorithm in enumerate(handoffs, start=len(algorithms)):
 #: jitted lambdas and derivatives), no eager operation of jax.numpy or jax.random
 SAMPLE_PROGRAMS = {
     "_seed_key_program", "run_chunk", "initial_states", "fold_in_compiled", "_modes_program",
-    "_taylor_program", "product", "_laplace_of_product", "laplace_points", "every_client",
+    "_taylor_program", "_curving_down", "product", "_laplace_of_product", "laplace_points", "every_client",
     "_conducive_terms", "<lambda>", "hess", "stage", "potential", "_terms", "_third",
     "warm_up_keys", "chain", "untuned_states", "client_gradients"} | CLIENT_PROGRAMS | {
     "next_client"}
