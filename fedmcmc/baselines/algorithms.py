@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import messages as message_counts
 from .. import rng
 from ..algorithm import (
     Algorithm,
@@ -433,11 +434,11 @@ class FALD(_Baseline):
         client_rounds = int(np.asarray(final.client_rounds, dtype=np.int64).sum())
         mid_round = int(np.asarray(final.uploads_inside_rounds, dtype=np.int64).sum())
         # per round: the shared state down to each participant and its chain back up
-        messages = 2 * client_rounds + mid_round
+        messages = message_counts.broadcast(client_rounds, mid_round)
         info.update(
             rounds=int(rounds.max()) + setup_rounds,
             rounds_per_chain=(rounds + setup_rounds).tolist(),
-            messages=int(messages + (2 * num_clients * setup_rounds if setup_rounds else 0)),
+            **message_counts.figures(messages, message_counts.setup(num_clients, setup_rounds)),
             floats_communicated=int(messages * dim + setup_floats),
             draws_inside_rounds_uploads=mid_round,
         )
@@ -682,8 +683,8 @@ class QLSD(_Baseline):
             **self.settings_info(num_clients, levels, every, rate, step_size),
             **resolved,
             "rounds": iterations + setup_rounds,
-            "messages": int(2 * chains * iterations * num_clients
-                            + 2 * num_clients * setup_rounds),
+            **message_counts.figures(message_counts.broadcast(chains * iterations * num_clients),
+                                     message_counts.setup(num_clients, setup_rounds)),
             "bits_communicated": int(bits),
             "floats_communicated": int(bits // 32),
         }
@@ -888,8 +889,9 @@ class ConsensusMC(_Baseline):
         info.update(resolved)
         info["step_size_per_client"] = np.asarray(final.step_size).mean(axis=0).tolist()
         kept = run.draws.shape[1]
-        # one round: init down to every client, every client's kept draws up
-        info.update(rounds=1, messages=2 * num_clients,
+        # one round: each chain's init down to every client, its kept draws up
+        info.update(rounds=1, **message_counts.figures(message_counts.broadcast(
+                        chains * num_clients)),
                     floats_communicated=int(num_clients * dim + num_clients * chains * kept * dim))
         info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
         return self._result(run, flat_model, info, chains, thin, discard,
