@@ -12,8 +12,9 @@ in-process engine's (consensus MC: the same numbers; FA-LD, QLSD: to float round
 ``result.info`` holds, besides the hyper-parameters, ``iterations``, ``rounds`` (server
 communication rounds), ``messages`` and ``floats_communicated`` (and for QLSD
 ``bits_communicated``), summed over chains (each chain is its own federated run), and
-``wall_time``; on ``engine="ray"`` ``messages``, ``floats_communicated`` and the byte
-counts are the transport's real ones. Checkpoint and resume (:mod:`fedmcmc.checkpoint`):
+``wall_time``; ``messages`` is the broadcast pattern's count of :mod:`fedmcmc.messages`, the
+same on every engine; on ``engine="ray"`` ``transport_messages``, ``floats_communicated`` and
+the byte counts are the transport's real ones. Checkpoint and resume (:mod:`fedmcmc.checkpoint`):
 FALD and QLSD keep everything they need in their chain states (``supports_resume``);
 ConsensusMC combines the clients' draws after sampling and cannot resume.
 """
