@@ -460,8 +460,9 @@ class FALD(_Baseline):
         """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_fald`; ``options``: checked engine
         options, :func:`fedmcmc.engines.options.check_engine_options`). The draws are
-        ``engine="local"``'s; ``info`` counts the transport's real messages. ``"auto"`` run
-        lengths: from the clients' own Laplace fits."""
+        ``engine="local"``'s, and so is ``info["messages"]``; the transport's real messages
+        are ``info["transport_messages"]``. ``"auto"`` run lengths: from the clients' own
+        Laplace fits."""
         out = distributed.sample_fald(self, model, federation, engine,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
@@ -724,8 +725,9 @@ class QLSD(_Baseline):
                            run_request=None):
         """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_qlsd`; ``options``: checked engine
-        options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
-        messages (``bits_communicated`` the quantised code's, as on the in-process engine).
+        options). The draws are ``engine="local"``'s, and so is ``info["messages"]``;
+        ``info["transport_messages"]`` counts the transport's real messages
+        (``bits_communicated`` the quantised code's, as on the in-process engine).
         ``"auto"`` run lengths: from the clients' own Laplace fits."""
         out = distributed.sample_qlsd(self, model, federation, engine,
                                       options, init=init, num_samples=num_samples,
@@ -965,8 +967,9 @@ class ConsensusMC(_Baseline):
                            run_request=None):
         """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_consensus`; ``options``: checked engine
-        options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
-        messages (the draws go up chunk by chunk)."""
+        options). The draws are ``engine="local"``'s, and so is ``info["messages"]``;
+        ``info["transport_messages"]`` counts the transport's real messages (the draws go up
+        chunk by chunk)."""
         resolved = {}
         thin, burn_in = self.run_lengths(thin, burn_in, resolved)
         out = distributed.sample_consensus(self, model, federation, engine,
