@@ -12,8 +12,9 @@ in-process engine's (consensus MC: the same numbers; FA-LD, QLSD: to float round
 ``result.info`` holds, besides the hyper-parameters, ``iterations``, ``rounds`` (server
 communication rounds), ``messages`` and ``floats_communicated`` (and for QLSD
 ``bits_communicated``), summed over chains (each chain is its own federated run), and
-``wall_time``; on ``engine="ray"`` ``messages``, ``floats_communicated`` and the byte
-counts are the transport's real ones. Checkpoint and resume (:mod:`fedmcmc.checkpoint`):
+``wall_time``; ``messages`` is the broadcast pattern's count of :mod:`fedmcmc.messages`, the
+same on every engine; on ``engine="ray"`` ``transport_messages``, ``floats_communicated`` and
+the byte counts are the transport's real ones. Checkpoint and resume (:mod:`fedmcmc.checkpoint`):
 FALD and QLSD keep everything they need in their chain states (``supports_resume``);
 ConsensusMC combines the clients' draws after sampling and cannot resume.
 """
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import messages as message_counts
 from .. import rng
 from ..algorithm import (
     Algorithm,
@@ -433,11 +435,11 @@ class FALD(_Baseline):
         client_rounds = int(np.asarray(final.client_rounds, dtype=np.int64).sum())
         mid_round = int(np.asarray(final.uploads_inside_rounds, dtype=np.int64).sum())
         # per round: the shared state down to each participant and its chain back up
-        messages = 2 * client_rounds + mid_round
+        messages = message_counts.broadcast(client_rounds, mid_round)
         info.update(
             rounds=int(rounds.max()) + setup_rounds,
             rounds_per_chain=(rounds + setup_rounds).tolist(),
-            messages=int(messages + (2 * num_clients * setup_rounds if setup_rounds else 0)),
+            **message_counts.figures(messages, message_counts.setup(num_clients, setup_rounds)),
             floats_communicated=int(messages * dim + setup_floats),
             draws_inside_rounds_uploads=mid_round,
         )
@@ -458,8 +460,9 @@ class FALD(_Baseline):
         """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_fald`; ``options``: checked engine
         options, :func:`fedmcmc.engines.options.check_engine_options`). The draws are
-        ``engine="local"``'s; ``info`` counts the transport's real messages. ``"auto"`` run
-        lengths: from the clients' own Laplace fits."""
+        ``engine="local"``'s, and so is ``info["messages"]``; the transport's real messages
+        are ``info["transport_messages"]``. ``"auto"`` run lengths: from the clients' own
+        Laplace fits."""
         out = distributed.sample_fald(self, model, federation, engine,
                                       options, init=init, num_samples=num_samples,
                                       burn_in=burn_in, thin=thin, chains=chains, seed=seed,
@@ -682,8 +685,8 @@ class QLSD(_Baseline):
             **self.settings_info(num_clients, levels, every, rate, step_size),
             **resolved,
             "rounds": iterations + setup_rounds,
-            "messages": int(2 * chains * iterations * num_clients
-                            + 2 * num_clients * setup_rounds),
+            **message_counts.figures(message_counts.broadcast(chains * iterations * num_clients),
+                                     message_counts.setup(num_clients, setup_rounds)),
             "bits_communicated": int(bits),
             "floats_communicated": int(bits // 32),
         }
@@ -722,8 +725,9 @@ class QLSD(_Baseline):
                            run_request=None):
         """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_qlsd`; ``options``: checked engine
-        options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
-        messages (``bits_communicated`` the quantised code's, as on the in-process engine).
+        options). The draws are ``engine="local"``'s, and so is ``info["messages"]``;
+        ``info["transport_messages"]`` counts the transport's real messages
+        (``bits_communicated`` the quantised code's, as on the in-process engine).
         ``"auto"`` run lengths: from the clients' own Laplace fits."""
         out = distributed.sample_qlsd(self, model, federation, engine,
                                       options, init=init, num_samples=num_samples,
@@ -912,8 +916,10 @@ class ConsensusMC(_Baseline):
                 weight_floats = sum(reply.weight.size + (0 if reply.halves is None
                                                          else reply.halves.size)
                                     for reply in replies)
-        # one round: init down to every client, every client's kept draws (and weights) up
-        info.update(rounds=1, messages=2 * num_clients,
+        # one round: each chain's init down to every client, its kept draws (and the clients'
+        # weights) up
+        info.update(rounds=1, **message_counts.figures(message_counts.broadcast(
+                        chains * num_clients)),
                     floats_communicated=int(num_clients * dim + num_clients * chains * kept * dim
                                             + weight_floats))
         info["bytes_communicated"] = _bytes(info["floats_communicated"], flat_model.dtype)
@@ -1030,8 +1036,9 @@ class ConsensusMC(_Baseline):
                            run_request=None):
         """One endpoint per client in a protocol session of the message-passing ``engine``
         (:func:`fedmcmc.baselines.distributed.sample_consensus`; ``options``: checked engine
-        options). The draws are ``engine="local"``'s; ``info`` counts the transport's real
-        messages (the draws go up chunk by chunk)."""
+        options). The draws are ``engine="local"``'s, and so is ``info["messages"]``;
+        ``info["transport_messages"]`` counts the transport's real messages (the draws go up
+        chunk by chunk)."""
         resolved = {}
         thin, burn_in = self.run_lengths(thin, burn_in, resolved)
         out = distributed.sample_consensus(self, model, federation, engine,

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import messages as message_counts
 from .. import rng
 from ..cache import jit_with_constants_as_arguments
 from ..engines.broadcast import BroadcastClient
@@ -546,12 +547,17 @@ def sample_fald(algorithm, model, federation, engine, options: Dict[str, Any], *
                     **protocol_run_options(options))
         final = run.state
         rounds = np.asarray(final.rounds)
+        mid_round = int(np.asarray(final.uploads_inside_rounds, np.int64).sum())
         info.update(
             rounds=int(rounds.max()) + setup_rounds,
             rounds_per_chain=(rounds + setup_rounds).tolist(),
-            draws_inside_rounds_uploads=int(np.asarray(final.uploads_inside_rounds,
-                                                       np.int64).sum()))
+            draws_inside_rounds_uploads=mid_round)
         info.update(clients.info())
+        # the pattern's count, as engine="local" makes it (the transport's: transport_messages)
+        info.update(message_counts.figures(
+            message_counts.broadcast(int(np.asarray(final.client_rounds, np.int64).sum()),
+                                     mid_round),
+            message_counts.setup(num_clients, setup_rounds)))
     return BaselineRun(run, info, run.state)
 
 
@@ -639,6 +645,9 @@ def sample_qlsd(algorithm, model, federation, engine, options: Dict[str, Any], *
                                               dim + tuning.fit_floats(
                                                   dim, fit.precision.ndim == 1)))))
         info.update(clients.info())
+        info.update(message_counts.figures(
+            message_counts.broadcast(chains * iterations * num_clients),
+            message_counts.setup(num_clients, 0 if fit is None else 1)))
     return BaselineRun(run, info, run.state)
 
 
@@ -697,4 +706,7 @@ def sample_consensus(algorithm, model, federation, engine, options: Dict[str, An
                 weights = algorithm.stack_weights(clients.setup("weights", discard, usable),
                                                   info)
         info.update(clients.info())
+        # one round, as engine="local" counts it: each chain's init down to every client,
+        # its kept draws up (the transport's chunked uploads: transport_messages)
+        info.update(message_counts.figures(message_counts.broadcast(chains * num_clients)))
     return BaselineRun(run, info, run.state, weights)

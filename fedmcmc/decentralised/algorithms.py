@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..callsite import user_stacklevel
+from .. import messages as message_counts
 from .. import rng, run_length
 from ..arrays import device_array
 from ..cache import jit_with_constants_as_arguments
@@ -572,11 +573,12 @@ class _Decentralised(Algorithm):
             "decay_factor": self.decay_factor,
             "mixing": "dense" if topo.use_dense() else "edge_list",
             "condition_1": problems,
-            # one communication round per iteration: every agent sends its state (w_i, and
-            # d_i for GT-DULA) to each neighbour, all chains' in one message per directed
-            # edge, as the Ray engine's agents do
+            # one communication round per iteration: every agent sends each chain's state
+            # (w_i, and d_i for GT-DULA) to each neighbour; the Ray engine's agents send all
+            # chains' in one transfer per directed edge (messages_between_agents)
             "rounds": iterations,
-            "messages": int(iterations * directed_edges),
+            **message_counts.figures(message_counts.neighbour_exchange(
+                iterations, directed_edges, chains)),
             "messages_between_agents": int(iterations * directed_edges),
             "floats_communicated": int(iterations * directed_edges * floats_per_message * chains),
             "spread_limit": spread_limit if spread_limit is not None else "off",

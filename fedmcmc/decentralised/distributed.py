@@ -54,6 +54,7 @@ from ..engines.session import protocol_session
 from ..minibatch import likelihood_gradient, take_minibatch
 from ..model import unravel_draws_numpy
 from ..protocols import ClientContext, NeighbourProtocol
+from .. import messages as message_counts
 from ..results import finish_run
 from ..schedules import decaying_schedule
 from . import kernels
@@ -368,7 +369,11 @@ def _result(algorithm, flat_model, run, agents, gradient_error, burn_in, thin, t
         "rounds": iterations,
         "messages_between_agents": int(between),
         "bytes_between_agents": int(between * floats_per_message * 4),
-        "messages": int(between + figures["messages"]),
+        # the pattern's count, as engine="local" makes it: one message per chain
+        **message_counts.figures(message_counts.neighbour_exchange(iterations, directed,
+                                                                  run.diverged.shape[0])),
+        # what was really sent: the driver's messages and the relayed ones
+        "transport_messages": int(between + figures["transport_messages"]),
         "floats_communicated": int(between * floats_per_message
                                    + figures["floats_communicated"]),
     })

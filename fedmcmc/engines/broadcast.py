@@ -24,6 +24,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from .. import messages as message_counts
 from ..model import unravel_draws_numpy
 from ..protocols import BroadcastProtocol, client_context, client_function
 from ..rng import fold_in, seed_key
@@ -128,6 +129,9 @@ def sample_broadcast(protocol: BroadcastProtocol, model, federation, engine, *, 
                             progress=progress, iterations_per_draw=thin, draws_per_call=1)
         info = dict(info or {}, num_clients=num_clients, rounds=run.draws_done * thin)
         info.update(session.figures())
+        # every iteration: each chain's message down to every client and its reply back
+        info.update(message_counts.figures(message_counts.broadcast(
+            chains * info["rounds"] * num_clients)))
     return finish_run(run, name=protocol.name, label=engine.label, info=info,
                       dim=flat_model.dim, thin=thin, burn_in=burn_in,
                       unravel=lambda draws: unravel_draws_numpy(flat_model, draws))

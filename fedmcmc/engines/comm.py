@@ -147,7 +147,9 @@ class Transport:
             "messages_from_clients": self.counts["from_clients"],
             "bytes_to_clients": self.bytes["to_clients"],
             "bytes_from_clients": self.bytes["from_clients"],
-            "messages": self.counts["to_clients"] + self.counts["from_clients"],
+            # what was really sent (chains batched, control traffic included); the pattern's
+            # count, the same on every engine, is info["messages"] (fedmcmc/messages.py)
+            "transport_messages": self.counts["to_clients"] + self.counts["from_clients"],
             "floats_communicated": self.floats["to_clients"] + self.floats["from_clients"],
         }
         if self.audit:

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import messages as message_counts
 from .. import rng
 from .. import run_length
 from ..cache import jit_with_constants_as_arguments
@@ -522,6 +523,9 @@ def sample_handoff(
                             progress=progress, iterations_per_draw=thin)
         info.update(session.figures())
         info.update(_server_figures(run, handoff, info, burn_in))
+        # the pattern's count, as engine="local" makes it (the transport's: transport_messages)
+        info.update(message_counts.figures(message_counts.handoff(info["rounds_per_chain"]),
+                                           info.get("surrogate_messages", 0)))
     why = ("no client left" if getattr(run.failure, "no_client_left", False)
            else 'on_client_failure="stop"')
     return finish_run(

@@ -119,8 +119,9 @@ class Session:
 
     def figures(self) -> Dict[str, Any]:
         """What ``result.info`` gets from the session: the transport's message and byte
-        counts (``messages``, ``bytes_to_clients``, ...; the audit when on; where the clients
-        ran) and :attr:`info`."""
+        counts (``transport_messages``, ``bytes_to_clients``, ...; the audit when on; where
+        the clients ran) and :attr:`info`. ``info["messages"]``, the pattern's count on
+        every engine, is the pattern's own (:mod:`fedmcmc.messages`)."""
         out = self.transport.info()
         out.update(self.info)
         return out

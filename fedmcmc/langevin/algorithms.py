@@ -20,6 +20,7 @@ from ..algorithm import (
     check_positive_float,
     check_positive_int,
 )
+from .. import messages as message_counts
 from .. import rng
 from .. import run_length
 from ..checkpoint import split_run_options
@@ -662,7 +663,7 @@ class FSGLD(DSGLD):
                                                     federation.num_clients)
         info.update(surrogate="given", surrogate_diagonal=surrogates.diagonal, alpha=self.alpha,
                     alpha_warmup=self.alpha_warmup, trust_radius=None,
-                    surrogate_messages=2 * federation.num_clients,
+                    surrogate_messages=message_counts.setup(federation.num_clients, 1),
                     surrogate_floats=2 * federation.num_clients * surrogates.floats_per_client)
         return _Settings(step_size=self.step_size, surrogates=surrogates,
                          global_surrogate=surrogate_module.product(surrogates))

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
+from .. import messages as message_counts
 from .. import rng
 from ..arrays import device_array
 from ..checkpoint import resume_from
@@ -98,8 +99,9 @@ def run_in_process(
         info["visits_per_client"] = visits.tolist()
         # Every round hands the chain (d floats) to a client and back, with the
         # draws taken during the visit; surrogates travel once (FSGLD).
-        handoff_messages = int(2 * rounds.sum())
-        info["messages"] = handoff_messages + info.get("surrogate_messages", 0)
+        handoff_messages = message_counts.handoff(rounds)
+        info.update(message_counts.figures(handoff_messages,
+                                           info.get("surrogate_messages", 0)))
         # the carry: the position, and pSGLD's V when preconditioned
         carry_floats = flat_model.dim * (1 if initial_state.square_average is None else 2)
         info["floats_communicated"] = int(

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import messages as message_counts
 from .. import rng
 from .. import run_length
 from .. import surrogates as surrogate_module
@@ -166,10 +167,14 @@ class ClientStatistics:
         raise NotImplementedError
 
     def record_surrogates(self, surrogates, seconds: float) -> None:
-        """Record in ``info`` what fitting the surrogates cost where no transport counts it
-        (in-process: the time, and the messages a deployment would send). Default: nothing
-        (a message-passing run's transport counts the messages, its session times the
-        set-up)."""
+        """Record in ``info`` the set-up messages of the surrogates, the same on every engine
+        (each client sends (P_s, b_s) once, the server sends q back: part of
+        ``info["messages"]``, :mod:`fedmcmc.messages`), and where no session times the set-up
+        (in-process), its time. ``seconds``: the time it took."""
+        num_clients = self.num_clients
+        self.info.update(
+            surrogate_messages=message_counts.setup(num_clients, 1),
+            surrogate_floats=2 * num_clients * surrogates.floats_per_client)
 
     def taylor(self, center, diagonal: bool):
         """Every client's second-order expansion of its log likelihood at ``center`` (one
@@ -232,12 +237,8 @@ class InProcessClients(ClientStatistics):
             draws=fit.draws, burn_in=fit.burn_in), None
 
     def record_surrogates(self, surrogates, seconds):
-        num_clients = self.num_clients
-        self.info.update(
-            surrogate_fit_time=seconds,
-            # each client sends (P_s, b_s) once; the server sends q back to each client
-            surrogate_messages=2 * num_clients,
-            surrogate_floats=2 * num_clients * surrogates.floats_per_client)
+        super().record_surrogates(surrogates, seconds)
+        self.info["surrogate_fit_time"] = seconds
 
     def taylor(self, center, diagonal):
         return surrogate_module.taylor_surrogates(self.flat_model, self.federation, center,

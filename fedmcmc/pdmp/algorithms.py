@@ -276,7 +276,7 @@ class _FedPDMP(Algorithm):
             run_sums=lambda resolved_burn_in: run_sums(resolved_burn_in, num_samples, d,
                                                        chains)[:2],
             run_request=run_request)
-        # the transport's message counts replace those of the event rounds in info
+        # the transport's counts join info (transport_messages, bytes, floats_communicated)
         return finish(self, distributed.run, distributed.built, num_samples=num_samples,
                       chains=chains, skeleton_size=skeleton_size,
                       session_figures=distributed.messages, label=engine.label)

@@ -287,9 +287,8 @@ def sample_pdmp(algorithm, model, federation, engine, options: Dict[str, Any], *
             burn_in=burn_in, num_samples=num_samples,
             divergence_threshold=algorithm.divergence_threshold, progress=progress)
         failure = run.failure
-        # the transport's real message and byte counts (they replace the analytic
-        # accounting of the in-process engine in ``info``), the session's figures and the
-        # failures
+        # the transport's real message and byte counts (``transport_messages``; the event
+        # rounds' ``messages`` are counted as in-process), the session's figures, the failures
         messages = session.figures()
         messages["event_rounds_broadcast"] = draw.event_rounds
         messages["gradient_rounds_broadcast"] = draw.gradient_rounds

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import messages as message_counts
 from .. import run_length
 from ..arrays import device_array
 from ..model import unravel_draws_numpy
@@ -188,7 +189,9 @@ def run_figures(algorithm, run, built, *, num_samples: int, chains: int,
         bound_violations_per_worker=st.violations.sum(axis=0)[:M].tolist(),
         bound_scale_final=st.scale.max(axis=0).tolist(),
         rounds=iterations,
-        messages=int(2 * comm_workers * iterations),
+        # the rounds each chain took part in: on a message-passing engine the chains share
+        # the rounds (event_rounds_broadcast); this count is the same on every engine
+        **message_counts.figures(message_counts.event_rounds(st.iterations, comm_workers)),
         floats_communicated=int(iterations * (2 * coords.sum() + comm_workers * reply)),
     )
     if cfg.prior_worker:
@@ -232,8 +235,8 @@ def finish(algorithm, run, built, *, num_samples: int, chains: int, skeleton_siz
     """The :class:`~fedmcmc.results.Result` of a Fed-PDMC run
     (:func:`fedmcmc.results.finish_run` of its :func:`run_figures`; on a message-passing
     engine, ``label``, updated with the session's ``session_figures``: the transport's
-    message counts replace those of the event rounds), or the error that stopped it,
-    carrying that result: a worker's failure, diverged chains, a
+    counts, ``transport_messages`` next to the event rounds' ``messages``), or the error
+    that stopped it, carrying that result: a worker's failure, diverged chains, a
     :class:`PDMPBoundError`."""
     info = run_figures(algorithm, run, built, num_samples=num_samples, chains=chains,
                        skeleton_size=skeleton_size)

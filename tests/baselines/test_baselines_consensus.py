@@ -67,7 +67,8 @@ def test_gaussian_consensus_is_exact_and_equal_weights_are_rejected():
     figures = consensus_check(result.flat_samples(), fed)
     assert figures["ok"], figures
     info = result.info
-    assert info["rounds"] == 1 and info["messages"] == 2 * 4
+    # one round: each of the 4 chains' start down to each of the 4 clients, its draws up
+    assert info["rounds"] == 1 and info["messages"] == 2 * 4 * 4
     assert info["warmup_steps"] == 300
     # init down; draws, Stein weight and the weights of 8 halvings' halves up
     assert info["floats_communicated"] == 4 * DIM + 4 * 4 * 1000 * DIM + 4 * 17 * DIM**2

@@ -136,7 +136,10 @@ def test_message_accounting(fsgld_runs):
     # one visit request and one reply per round, a surrogate and a configuration per client
     assert info["messages_to_clients"] >= rounds + 2 * clients
     assert info["messages_from_clients"] == info["messages_to_clients"]
-    assert info["messages"] == info["messages_to_clients"] + info["messages_from_clients"]
+    assert info["transport_messages"] == (info["messages_to_clients"]
+                                          + info["messages_from_clients"])
+    # the hand-off pattern's count, as engine="local" makes it: the visits, the surrogates
+    assert info["messages"] == 2 * rounds + 2 * clients == fsgld_runs["local"].info["messages"]
     assert info["bytes_to_clients"] > 0 and info["bytes_from_clients"] > 0
 
 
@@ -454,8 +457,11 @@ def _decentralised_identity(algorithm):
     assert info["messages_to_clients"] == 4 * DECENTRALISED_KW["num_samples"]
     assert info["bytes_to_clients"] == 4 * DECENTRALISED_KW["num_samples"] * chains * d * 4
     assert info["messages_from_clients"] == 4 * draws + 4 * DECENTRALISED_KW["num_samples"]
-    assert info["messages"] == (info["messages_between_agents"] + info["messages_to_clients"]
-                                + info["messages_from_clients"])
+    assert info["transport_messages"] == (info["messages_between_agents"]
+                                          + info["messages_to_clients"]
+                                          + info["messages_from_clients"])
+    # the pattern's count: one message per directed edge, iteration and chain
+    assert info["messages"] == info["messages_between_agents"] * chains
     # audit: every array an agent sends the driver is one d-vector per chain
     audit = info["client_message_audit"]
     assert len(audit) == info["messages_from_clients"]
