@@ -374,7 +374,10 @@ def resolve_control_variates(algorithm, workers_access, theta0, info):
     hess = np.asarray(hess, np.float64)
     eigenvalues = np.linalg.eigvalsh(0.5 * (hess + hess.T)) if np.all(np.isfinite(hess)) \
         else np.array([np.nan])
-    if not (np.all(np.isfinite(eigenvalues)) and eigenvalues.min() > 0):
+    # positive definite to the precision of the float64 eigenvalues (a flat direction's
+    # eigenvalue comes out as +-1e-16 of the largest)
+    if not (np.all(np.isfinite(eigenvalues))
+            and eigenvalues.min() > 1e-10 * max(np.abs(eigenvalues).max(), 1e-300)):
         return off("the Hessian of the potential at the federated Newton's point is not "
                    f"positive definite (smallest eigenvalue {eigenvalues.min():.3g})")
     info["control_variates"] = True
