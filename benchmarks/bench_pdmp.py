@@ -160,7 +160,8 @@ def real_federation_rows(problem_names, num_samples, chains, samplers, variants,
                 seconds = info["wall_time"]
                 events = info["gradient_events"] + info["excess_events"]
                 ess = float(info["diagnostics"]["min_ess_bulk"])
-                label = thinning + ("+cv" if control_variates else "")
+                label = thinning + ("+cv" if info["control_variates"] else "") + (
+                    "(auto)" if control_variates == "auto" else "")
                 yield (name, sampler, label, info["thinning"], events / seconds,
                        info["thinning_proposals"] / max(events, 1), ess, ess / seconds, seconds,
                        info["num_workers"], info["sample_interval"])
@@ -179,13 +180,18 @@ def main():
     parser.add_argument("--samplers", nargs="+", default=["zigzag", "bps", "boomerang"])
     parser.add_argument("--control-variates", action="store_true",
                         help="with --real: also superposition thinning with control variates")
+    parser.add_argument("--cv-auto", action="store_true",
+                        help="with --real: superposition thinning only, control_variates=False "
+                             "against the default 'auto'")
     args = parser.parse_args()
     if args.real:
         draws, chains = (100, 2) if args.quick else (400, 4)
         print(f"Real federations, {chains} chains x {draws} draws (sample_interval='auto'), "
               "compiled run timed; per-worker against superposition thinning", flush=True)
         variants = [("per_worker", False), ("superposition", False)]
-        if args.control_variates:
+        if args.cv_auto:
+            variants = [("superposition", False), ("superposition", "auto")]
+        elif args.control_variates:
             variants.append(("superposition", True))
         for row in real_federation_rows(args.problems, draws, chains, args.samplers, variants):
             name, sampler, asked, used, ev_s, per_event, ess, ess_s, seconds, m, interval = row

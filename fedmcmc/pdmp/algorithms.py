@@ -105,7 +105,7 @@ class _FedPDMP(Algorithm):
         bound: str = "auto",
         on_bound_violation: Optional[str] = None,
         safety: float = 2.0,
-        control_variates: Any = False,
+        control_variates: Any = "auto",
         redistribution_rate: float = 0.0,
         max_thinning: int = 100_000,
         max_events_per_draw: int = 1_000_000,
@@ -156,8 +156,13 @@ class _FedPDMP(Algorithm):
         self.safety = check_positive_float(safety, "safety")
         if self.safety < 1:
             raise ValueError(f"safety must be >= 1, got {safety!r}")
-        if not (isinstance(control_variates, bool) or np.ndim(control_variates) == 1):
-            raise ValueError("control_variates must be True/False or a reference point (flat vector)")
+        if isinstance(control_variates, str):
+            if control_variates != "auto":
+                raise ValueError(f"control_variates must be 'auto', True, False or a reference "
+                                 f"point (flat vector), got {control_variates!r}")
+        elif not (isinstance(control_variates, bool) or np.ndim(control_variates) == 1):
+            raise ValueError("control_variates must be 'auto', True, False or a reference point "
+                             "(flat vector)")
         self.control_variates = control_variates
         self.redistribution_rate = check_nonnegative_float(redistribution_rate, "redistribution_rate")
         if self.redistribution_rate > 0 and prior != "split":
@@ -349,8 +354,13 @@ class FedZigZag(_FedPDMP):
     safety:
         Factor on the estimated Hessian bound.
     control_variates:
-        ``True`` (reference point = the mode, found by federated Newton) or a flat
-        reference point: Remark 4.3's shift of the workers' gradients.
+        Remark 4.3's shift of the workers' gradients, ``s_m = grad U_m(x*) - w_m grad U(x*)``:
+        ``"auto"`` (default: on, centred at the mode found by federated Newton, when Newton
+        converges to a positive definite Hessian and neither ``privacy`` nor a distributed
+        ``on_client_failure="drop"`` is set; ``info["control_variates"]`` and
+        ``info["control_variates_reason"]`` say what was chosen and why,
+        :func:`.setup.resolve_control_variates`), ``True`` (always, at that mode), ``False``
+        (never) or a flat reference point ``x*``.
     redistribution_rate:
         lambda_redist of Appendix D (Algorithm 4); needs ``prior="split"``.
     thinning:

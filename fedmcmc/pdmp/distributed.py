@@ -173,8 +173,11 @@ class RemoteWorkers:
     data = None
     mask = None
 
-    def __init__(self, ask: Callable[..., List[Any]], sizes, flat_model):
+    def __init__(self, ask: Callable[..., List[Any]], sizes, flat_model, drops_workers=False):
         self.ask = ask
+        #: the run drops failed workers (on_client_failure="drop"): control_variates="auto"
+        #: stays off (setup.resolve_control_variates)
+        self.drops_workers = bool(drops_workers)
         self.sizes = np.asarray(sizes, np.float64)
         self.num_workers = len(self.sizes)
         self.flat_model = flat_model
@@ -236,8 +239,11 @@ def sample_pdmp(algorithm, model, federation, engine, options: Dict[str, Any], *
     :class:`~fedmcmc.run_length.RunRequest` (``"auto"`` run lengths, resolved by ``build``
     from the workers' Newton terms, as in process)."""
     policy = options["on_client_failure"]
-    if policy == "drop" and (algorithm.control_variates is not False
-                             or algorithm.redistribution_rate > 0):
+    # control_variates="auto" is turned off under "drop" (setup.resolve_control_variates)
+    cv_given = not (algorithm.control_variates is False
+                    or (isinstance(algorithm.control_variates, str)
+                        and algorithm.control_variates == "auto"))
+    if policy == "drop" and (cv_given or algorithm.redistribution_rate > 0):
         raise ValueError(
             "on_client_failure='drop' is not available with control_variates or "
             "redistribution_rate > 0 (dropping a worker would bias the remaining ones' "
@@ -253,7 +259,8 @@ def sample_pdmp(algorithm, model, federation, engine, options: Dict[str, Any], *
         # from_loaders: the workers loaded their rows themselves and report their sizes
         federation = session.federation
         flat_model = model.flatten(_float64(init))
-        access = RemoteWorkers(session.ask, federation.sizes, flat_model)
+        access = RemoteWorkers(session.ask, federation.sizes, flat_model,
+                               drops_workers=policy == "drop")
         built = algorithm.build(model, federation, init, burn_in=burn_in, chains=chains,
                                 seed=seed, skeleton_size=skeleton_size, init_jitter=init_jitter,
                                 rate_diagnostics=rate_diagnostics, workers_access=access,

@@ -38,7 +38,8 @@ from .bounds import (auto_worker_bounds, prior_hessian_bounds, whitened_bound,
 from .single import make_reference
 from .zigzag import ZigZagSpec
 
-__all__ = ["federated_newton", "newton", "potential_programs", "worker_gradients",
+__all__ = ["federated_newton", "newton", "NewtonResult", "NEWTON_CONVERGED_DECREMENT",
+           "resolve_control_variates", "potential_programs", "worker_gradients",
            "worker_newton_terms", "worker_summaries", "LocalWorkers", "BuiltSampler",
            "build_sampler", "resolve_bound", "gaussian_reference", "resolve_run_length",
            "summed_slope_bound", "unpadded_workers_data_grad",
@@ -134,11 +135,25 @@ class LocalWorkers:
         return worker_summaries(self.flat_model, self.padded, **kwargs)
 
 
+#: the federated Newton has found the mode when its last Newton decrement ``g^T H^{-1} g``
+#: (about twice ``U(x) - U(mode)``) is below this (``NewtonResult.converged``)
+NEWTON_CONVERGED_DECREMENT = 1e-6
+
+
+class NewtonResult(NamedTuple):
+    """What :func:`newton` returns."""
+
+    mode: Any  # the last point (the mode when converged)
+    hessian: Any  # (d, d) Hessian of U there
+    rounds: int  # Newton rounds made (each: every worker's gradient and Hessian)
+    converged: bool  # the last Newton decrement is below NEWTON_CONVERGED_DECREMENT
+
+
 def newton(value_grad_hess, value, theta0, max_rounds=200, tol=1e-12):
     """Damped Newton on a potential given by oracles ``value_grad_hess(x) -> (U, grad, Hess)``
     and ``value(x) -> U`` (each a sum over the workers plus the prior).
 
-    Returns ``(mode, hessian at the mode, rounds)``.
+    Returns a :class:`NewtonResult` ``(mode, hessian at the mode, rounds, converged)``.
     """
     x = jnp.asarray(theta0, jnp.float64)
     damping = 1e-3
@@ -172,13 +187,18 @@ def newton(value_grad_hess, value, theta0, max_rounds=200, tol=1e-12):
             decrement = np.inf
         if 0 <= decrement < tol:
             break
-    return x, np.asarray(h, dtype=np.float64), rounds
+    try:
+        decrement = float(np.asarray(g) @ np.linalg.solve(np.asarray(h), np.asarray(g)))
+    except np.linalg.LinAlgError:
+        decrement = np.inf
+    converged = bool(np.isfinite(decrement) and 0 <= decrement < NEWTON_CONVERGED_DECREMENT)
+    return NewtonResult(x, np.asarray(h, dtype=np.float64), rounds, converged)
 
 
 def federated_newton(flat_model, padded, theta0, max_rounds=200, tol=1e-12):
     """Mode of the posterior and the Hessian of ``U = -log posterior`` there (in process).
 
-    Returns ``(mode, hessian, rounds)``.
+    Returns a :class:`NewtonResult`.
     """
 
     def potential(th):
@@ -298,6 +318,75 @@ def resolve_bound(algorithm, model, is_zigzag):
     return mode, quadratic
 
 
+def resolve_control_variates(algorithm, workers_access, theta0, info):
+    """``(control_variates, x_star)``: whether the rates are shifted by Remark 4.3's control
+    variates (``True``, ``False`` or the reference point given) and the point they are
+    centred at (``None`` when off or given). Records ``info["control_variates"]`` (on or off)
+    and ``info["control_variates_reason"]``.
+
+    ``control_variates="auto"`` (the default) turns them on where they are valid and can
+    help: the shift ``s_m = grad U_m(x*) - w_m grad U(x*)`` is a constant per worker, so
+    every rate bound of :mod:`.bounds` stays a bound of the shifted rate (each re-reads its
+    intercept from the shifted gradient at its anchor, and its slope bounds the increment
+    of the rate, which a constant does not change: Hessian bounds, the estimate, exact affine
+    rates and Zig-Zag slope bounds alike), and the shifts sum to zero, so the target is
+    unchanged whatever ``x*``. They help when the posterior sits near ``x*``, where every
+    shifted gradient is small: ``x*`` is the federated Newton's mode (the one the Boomerang's
+    reference and the run lengths use), taken only when Newton converged and the Hessian of
+    ``U`` there is positive definite (a mode, the posterior log-concave enough around it).
+    They stay off, with the reason recorded, when Newton does not converge or the Hessian
+    is not positive definite there; with ``privacy`` (Theorem 5.1's sensitivity is that of
+    the unshifted rates: the shift of every worker depends on every worker's rows); and on a
+    distributed engine that drops failed workers (``on_client_failure="drop"``: the
+    remaining shifts would no longer sum to zero).
+    """
+    cv = algorithm.control_variates
+    if cv is False:
+        info["control_variates"] = False
+        info["control_variates_reason"] = "control_variates=False given"
+        return False, None
+    if not (isinstance(cv, str) and cv == "auto"):
+        info["control_variates"] = True
+        if cv is True:
+            x_star, _, rounds, _ = workers_access.newton(theta0)
+            info["control_variate_rounds"] = rounds
+            info["control_variates_reason"] = "control_variates=True given"
+            return True, x_star
+        info["control_variates_reason"] = "reference point given"
+        return cv, None
+
+    def off(reason):
+        info["control_variates"] = False
+        info["control_variates_reason"] = "auto: off, " + reason
+        return False, None
+
+    if algorithm.privacy is not None:
+        return off("privacy=(epsilon, delta) is set (Theorem 5.1 bounds the sensitivity of the "
+                   "unshifted rates; the shift depends on every worker's rows)")
+    if getattr(workers_access, "drops_workers", False):
+        return off("on_client_failure='drop' (the remaining workers' shifts would no longer "
+                   "sum to zero)")
+    x_star, hess, rounds, converged = workers_access.newton(theta0)
+    info["control_variate_rounds"] = rounds
+    if not converged:
+        return off(f"the federated Newton did not converge in {rounds} rounds (no mode to "
+                   "centre the rates at)")
+    hess = np.asarray(hess, np.float64)
+    eigenvalues = np.linalg.eigvalsh(0.5 * (hess + hess.T)) if np.all(np.isfinite(hess)) \
+        else np.array([np.nan])
+    # positive definite to the precision of the float64 eigenvalues (a flat direction's
+    # eigenvalue comes out as +-1e-16 of the largest)
+    if not (np.all(np.isfinite(eigenvalues))
+            and eigenvalues.min() > 1e-10 * max(np.abs(eigenvalues).max(), 1e-300)):
+        return off("the Hessian of the potential at the federated Newton's point is not "
+                   f"positive definite (smallest eigenvalue {eigenvalues.min():.3g})")
+    info["control_variates"] = True
+    info["control_variates_reason"] = (
+        f"auto: on (the federated Newton converged in {rounds} rounds to a mode with a "
+        "positive definite Hessian; every rate bound holds for the shifted rates)")
+    return True, x_star
+
+
 def gaussian_reference(reference, flat_model, newton, theta0, info):
     """The Boomerang's Gaussian reference N(mu, Sigma) (``None`` without one: Zig-Zag, BPS):
     ``reference="laplace"``: the posterior's mode and inverse Hessian, ``newton(theta0)`` (the
@@ -307,7 +396,7 @@ def gaussian_reference(reference, flat_model, newton, theta0, info):
         return None
     d = flat_model.dim
     if isinstance(reference, str):
-        mode, hess, rounds = newton(theta0)
+        mode, hess, rounds, _ = newton(theta0)
         info["laplace_rounds"] = rounds
         cov = np.linalg.inv(0.5 * (hess + hess.T))
         if not np.all(np.linalg.eigvalsh(cov) > 0):
@@ -339,7 +428,7 @@ def resolve_run_length(algorithm, workers_access, theta0, info, *, run_request, 
     d = theta0.shape[0]
     M = workers_access.num_workers
     sizes = workers_access.sizes
-    mode, hess, rounds = workers_access.newton(theta0)
+    mode, hess, rounds, _ = workers_access.newton(theta0)
     mode = np.asarray(mode, np.float64)
     precision = 0.5 * (np.asarray(hess, np.float64) + np.asarray(hess, np.float64).T)
     info.setdefault("laplace_rounds", rounds)
@@ -524,14 +613,11 @@ def build_sampler(algorithm, model, federation, init, *, burn_in=0, chains=1, se
 
     # Control variates (Remark 4.3): shift worker m's gradient by
     # s_m = grad U_m(x*) - w_m grad U(x*); the shifts sum to zero.
-    cv = algorithm.control_variates
-    x_star = None
+    # "auto": on where valid (resolve_control_variates records the choice and its reason).
+    cv, x_star = resolve_control_variates(algorithm, workers_access, theta0, info)
     g_ref0 = np.zeros(d)
     if cv is not False:
-        if cv is True:
-            x_star, _, rounds = workers_access.newton(theta0)
-            info["control_variate_rounds"] = rounds
-        else:
+        if cv is not True:  # the reference point given
             x_star = jnp.asarray(cv, jnp.float64)
             if x_star.shape != (d,):
                 raise ValueError(f"control_variates reference point must have shape ({d},)")

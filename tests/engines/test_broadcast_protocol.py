@@ -116,7 +116,8 @@ def test_the_broadcast_engine_follows_the_in_process_thinning_of_unequal_workers
 @pytest.fixture(scope="module")
 def uninterrupted():
     """The draws of the Fed Zig-Zag run the stopped runs below are compared with."""
-    return over_transport(fm.FedZigZag(sample_interval=0.3, thinning="per_worker")).flat_samples()
+    return over_transport(fm.FedZigZag(sample_interval=0.3, thinning="per_worker",
+                                         control_variates=False)).flat_samples()
 
 
 def check_each_chain_kept_its_draws(result, uninterrupted):
@@ -137,7 +138,9 @@ def test_a_crashed_worker_stops_the_run_or_is_dropped(uninterrupted):
     """The chains are not held in step, so a stopped run's chains end at different draws:
     each keeps every draw it made (the uninterrupted run's, bit for bit), NaN after them, and
     ``info["draws_per_chain"]`` says how many."""
-    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker")
+    # control_variates=False: the stop points below are those of this trajectory
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker",
+                             control_variates=False)
     fault = {"client": 2, "after_visits": 150, "kind": "exit"}
     with pytest.raises(ClientFailureError) as caught:
         over_transport(algorithm, fault_injection=fault)
@@ -157,7 +160,9 @@ def test_the_chains_are_not_held_in_step():
     at once takes as many broadcast rounds as its busiest chain has event iterations (held
     in step, every draw would wait for its slowest chain), and the draws are still the
     in-process engine's."""
-    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker")
+    # control_variates=False: the stop points below are those of this trajectory
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker",
+                             control_variates=False)
     # (the shapes and options of the module's other runs: their compiled programs serve)
     local = fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
                       num_samples=40, burn_in=5, chains=2, seed=3)
@@ -173,7 +178,9 @@ def test_a_diverged_chain_makes_no_more_rounds():
     """A chain whose draw crosses the divergence threshold stops drawing at once (its later
     draws are NaN and the run stops after the chunk, as on the in-process engine), so the
     workers spend no more rounds on it; the draws and the error are the in-process engine's."""
-    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker")
+    # control_variates=False: the stop points below are those of this trajectory
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker",
+                             control_variates=False)
     algorithm.divergence_threshold = 0.35  # chain 1 of this seed crosses it at draw 7
     with pytest.raises(SamplingDivergedError) as in_process:
         fm.sample(MODEL, federation(), algorithm, init=np.zeros(DIM, np.float32),
@@ -211,7 +218,9 @@ def test_ctrl_c_keeps_the_draws_of_the_interrupted_chunk(uninterrupted):
 
         return make_transport
 
-    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker")
+    # control_variates=False: the stop points below are those of this trajectory
+    algorithm = fm.FedZigZag(sample_interval=0.3, thinning="per_worker",
+                             control_variates=False)
     result = over_transport(algorithm, chunk_size=45, make_transport=interrupted_after(300))
     assert result.info["interrupted"]
     assert result.flat_samples().shape[1] < uninterrupted.shape[1]
