@@ -139,8 +139,10 @@ def ray_available():
     assert not ray.is_initialized()
 
 
+# slow for CI time (90 s on 2 cores): loaders that run in the clients' processes stay in the
+# default suite through the Flower engine's test (tests/engines/test_flower_engine.py)
 @pytest.mark.parametrize("algorithm", [
-    fm.FSGLD(**FSGLD),
+    pytest.param(fm.FSGLD(**FSGLD), marks=pytest.mark.slow),
     pytest.param(fm.FedZigZag(sample_interval=0.2), marks=pytest.mark.slow),
 ], ids=["FSGLD", "FedZigZag"])
 def test_ray_calls_every_loader_in_a_client_process_and_none_in_the_driver(

@@ -206,7 +206,9 @@ SETUP_KEYS = ("step_size", "minibatch_noise_ratio", "discretisation_ratio",
 
 
 @pytest.mark.parametrize("case", [
-    pytest.param("DSGLD", id="DSGLD-auto-global-variance"),
+    # slow for CI time: the clients' set-up on Ray stays in the default suite through
+    # test_langevin_run_length's Ray case, and in process through test_langevin_setup
+    pytest.param("DSGLD", id="DSGLD-auto-global-variance", marks=pytest.mark.slow),
     pytest.param("FSGLD", id="FSGLD-auto-global-variance", marks=pytest.mark.slow),
 ])
 def test_auto_with_data_on_the_clients_is_set_up_by_the_clients(local_ray, case):
@@ -476,6 +478,7 @@ def test_gtdula_minibatch_on_ray_identical_to_in_process(local_ray):
     _decentralised_identity(fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.3, batch_size=5))
 
 
+@pytest.mark.slow  # the neighbour exchange in the default suite: test_neighbour_protocol
 def test_dula_on_ray_identical_to_in_process(local_ray):
     _decentralised_identity(fm.DULA(step_size=1e-3, beta=0.3))
 
