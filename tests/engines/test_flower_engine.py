@@ -186,6 +186,24 @@ def test_fald_on_running_sites_equals_local(running_federation):
     np.testing.assert_allclose(on_flower.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)
 
 
+def _site_killer(site: int):
+    """An ``on_draws`` callback that SIGKILLs (as in a crash) site ``site`` of the local
+    federation the run started (one not running when this is called), once; and the list of
+    the pids it killed."""
+    from fedmcmc.engines import flower_engine
+
+    killed = []
+    before = set(flower_engine._LIVE_FEDERATIONS)  # the module's running federation, say
+
+    def kill(*_):
+        if not killed:
+            [local] = [f for f in flower_engine._LIVE_FEDERATIONS if f not in before]
+            os.kill(local.sites[site].pid, signal.SIGKILL)
+            killed.append(local.sites[site].pid)
+
+    return kill, killed
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("make", [
     lambda: fm.QLSD(step_size=2e-3, batch_size=5, bits=4),
@@ -235,19 +253,9 @@ def test_killed_site_dropped_the_run_goes_on_without_it():
     """on_client_failure="drop": a site killed mid-run is dropped, the run ends with every
     draw, the target changes to the remaining sites (reported) and the draws made before the
     failure are the uninterrupted run's."""
-    from fedmcmc.engines import flower_engine
-
     federation = _three_clients()
     algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
-    killed = []
-    before = set(flower_engine._LIVE_FEDERATIONS)
-
-    def kill_site_1(*_):
-        if not killed:
-            [local] = [f for f in flower_engine._LIVE_FEDERATIONS if f not in before]
-            os.kill(local.sites[1].pid, signal.SIGKILL)
-            killed.append(local.sites[1].pid)
-
+    kill_site_1, killed = _site_killer(1)
     kw = dict(RUN, num_samples=30, chunk_size=2)
     result = fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="flower",
                        on_client_failure="drop", on_draws=kill_site_1, convergence=False,
@@ -269,20 +277,10 @@ def test_killed_site_dropped_the_run_goes_on_without_it():
 def test_killed_site_stops_the_run_and_keeps_the_draws():
     """A site's process killed mid-run (SIGKILL, as in a crash): the run stops with
     ClientFailureError naming the client, and error.result holds the draws made before."""
-    from fedmcmc.engines import flower_engine
-
     federation = _three_clients()
     algorithm = fm.DSGLD(step_size=2e-3, batch_size=5, local_steps=10)
-    killed = []
-    before = set(flower_engine._LIVE_FEDERATIONS)  # the module's running federation, say
     running_before = set(flower_processes())
-
-    def kill_site_1(*_):
-        if not killed:
-            [local] = [f for f in flower_engine._LIVE_FEDERATIONS if f not in before]
-            os.kill(local.sites[1].pid, signal.SIGKILL)
-            killed.append(local.sites[1].pid)
-
+    kill_site_1, killed = _site_killer(1)
     kw = dict(RUN, num_samples=60, chunk_size=2)
     with pytest.raises(ClientFailureError) as caught:
         fm.sample(GAUSSIAN_MODEL, federation, algorithm, engine="flower", on_draws=kill_site_1,
