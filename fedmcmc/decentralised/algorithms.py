@@ -321,7 +321,6 @@ class _Decentralised(Algorithm):
             stability_ceiling=stability, initial_offset=offset)
         if reason is None:
             return exact, None
-        alpha_wanted = alpha
         prediction = ceiling if alpha == ceiling.step_size else None
         while prediction is None:
             try:
