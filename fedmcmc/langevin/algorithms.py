@@ -86,6 +86,22 @@ class _LangevinAlgorithm(Algorithm):
         return run_in_process(name=self.name, divergence_threshold=self.divergence_threshold,
                               divergence_advice=self.divergence_advice, **run)
 
+    def _run_within_plan(self, num_samples: int, plan=None, steps_of=None, **run) -> Result:
+        """:meth:`_run` of ``num_samples`` draws, or with a privacy ``plan`` (``(plan,
+        steps_for_draws)`` of :mod:`fedmcmc.langevin.private`) the draws the budget affords
+        (:func:`fedmcmc.privacy.run_within_budget`); ``steps_of(result, draws)``: the steps a
+        run made, as accounted (default: the plan's ``steps_for_draws(draws)``)."""
+        def run_draws(draws):
+            return self._run(num_samples=draws, **run)
+
+        if plan is None:
+            return run_draws(num_samples)
+        the_plan, steps_for_draws = plan
+        return run_within_budget(
+            the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
+            run=run_draws,
+            steps_of=steps_of or (lambda result, draws: steps_for_draws(draws)))
+
 
 class SGLD(_LangevinAlgorithm):
     """Stochastic-gradient Langevin dynamics on the pooled data (centralised baseline).
@@ -157,39 +173,21 @@ class SGLD(_LangevinAlgorithm):
                 step_size, self.step_size_tolerance, self.name, request)
             step_size = resolved.step_size
             thin, burn_in = resolved.run_length or (thin, burn_in)
-        steps = None
+        steps = plan = None
         if self.privacy is not None:
-            the_plan, steps_for_draws = private.sgld_plan(
+            plan = private.sgld_plan(
                 self.privacy, int(np.sum(federation.sizes)), self.batch_size, float(step_size),
                 chains, thin, burn_in, federation.num_clients, num_samples)
-            steps = private.private_steps(the_plan, flat_model.dtype)
+            steps = private.private_steps(plan[0], flat_model.dtype)
         step = sgld.build_kernel(
             flat_model, data, self.batch_size, as_schedule(step_size), self.noise,
             private=steps, preconditioner=self.preconditioner)
-
-        def run(draws):
-            return self._run(
-                step=step,
-                initial_state=sgld.init(flat_model.ravel(init), self.preconditioner),
-                flat_model=flat_model,
-                federation=federation,
-                num_samples=draws,
-                burn_in=burn_in,
-                thin=thin,
-                chains=chains,
-                seed=seed,
-                progress=progress,
-                label="SGLD",
-                info=info,
-                client_aware=False,
-                run_options=run_options,
-            )
-
-        if self.privacy is None:
-            return run(num_samples)
-        return run_within_budget(
-            the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
-            run=run, steps_of=lambda result, draws: steps_for_draws(draws))
+        return self._run_within_plan(
+            num_samples, plan, step=step,
+            initial_state=sgld.init(flat_model.ravel(init), self.preconditioner),
+            flat_model=flat_model, federation=federation, burn_in=burn_in, thin=thin,
+            chains=chains, seed=seed, progress=progress, label="SGLD", info=info,
+            client_aware=False, run_options=run_options)
 
 
 class DSGLD(_LangevinAlgorithm):
@@ -424,40 +422,24 @@ class DSGLD(_LangevinAlgorithm):
         else:
             settings = self._private_settings(flat_model, federation, theta0, info)
         thin, burn_in = self._run_length(request, settings, theta0, info)
-        steps = None
+        steps = plan = None
         if self.privacy is not None:
-            the_plan, steps_for_draws = private.federated_plan(
+            plan = private.federated_plan(
                 self.privacy, np.asarray(federation.sizes), np.asarray(federation.weights),
                 self.batch_size, float(settings.step_size), self.local_steps, chains, thin,
                 burn_in, num_samples)
-            steps = private.private_steps(the_plan, flat_model.dtype)
+            steps = private.private_steps(plan[0], flat_model.dtype)
         step = self._kernel(flat_model, data, weights, settings, private=steps)
-
-        def run(draws):
-            return self._run(
-                step=step,
-                initial_state=dsgld.init(theta0, federation.num_clients, self.preconditioner),
-                flat_model=flat_model,
-                federation=federation,
-                num_samples=draws,
-                burn_in=burn_in,
-                thin=thin,
-                chains=chains,
-                seed=seed,
-                progress=progress,
-                label=self.name,
-                info=info,
-                client_aware=True,
-                run_options=run_options,
-            )
-
-        if self.privacy is None:
-            return run(num_samples)
         # accounted as made: local_steps for every visit a chain started
-        return run_within_budget(
-            the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
-            run=run, steps_of=lambda result, draws: [
-                v * self.local_steps for v in result.info["visits_per_client"]])
+        return self._run_within_plan(
+            num_samples, plan,
+            lambda result, draws: [v * self.local_steps
+                                   for v in result.info["visits_per_client"]],
+            step=step,
+            initial_state=dsgld.init(theta0, federation.num_clients, self.preconditioner),
+            flat_model=flat_model, federation=federation, burn_in=burn_in, thin=thin,
+            chains=chains, seed=seed, progress=progress, label=self.name, info=info,
+            client_aware=True, run_options=run_options)
 
     def _check_private(self) -> None:
         """Settings a private run refuses beyond the family's (FSGLD: fitted surrogates)."""
