@@ -339,6 +339,18 @@ def flower_program(name: str) -> str:
     return beside if os.path.exists(beside) else name
 
 
+def _security_flags(insecure: bool, root_certificates: Optional[str],
+                    private_key: Optional[str]) -> list:
+    """The TLS and SuperNode-authentication flags a site and its SuperNode take alike
+    (``--insecure``, ``--root-certificates``, ``--auth-supernode-private-key``)."""
+    flags = ["--insecure"] if insecure else []
+    if root_certificates:
+        flags += ["--root-certificates", root_certificates]
+    if private_key:
+        flags += ["--auth-supernode-private-key", private_key]
+    return flags
+
+
 def supernode_command(superlink: str, site: str, runtime_port: int, *, insecure: bool,
                       root_certificates: Optional[str] = None,
                       private_key: Optional[str] = None,
@@ -349,12 +361,7 @@ def supernode_command(superlink: str, site: str, runtime_port: int, *, insecure:
                "--isolation", "process",
                "--host", "127.0.0.1", "--port", str(int(runtime_port)),
                "--node-config", f'site="{site}"']
-    if insecure:
-        command.append("--insecure")
-    if root_certificates:
-        command += ["--root-certificates", root_certificates]
-    if private_key:
-        command += ["--auth-supernode-private-key", private_key]
+    command += _security_flags(insecure, root_certificates, private_key)
     if superexec_auth_secret_file:
         command += ["--superexec-auth-secret-file", superexec_auth_secret_file]
     return command
@@ -366,12 +373,7 @@ def site_command(superlink: str, site: str, *, insecure: bool = False,
     """The command line of one site (this module as a script)."""
     command = [sys.executable, "-m", "fedmcmc.engines.flower_site", "--superlink", superlink,
                "--site", str(site)]
-    if insecure:
-        command.append("--insecure")
-    if root_certificates:
-        command += ["--root-certificates", root_certificates]
-    if private_key:
-        command += ["--auth-supernode-private-key", private_key]
+    command += _security_flags(insecure, root_certificates, private_key)
     if runtime_port is not None:
         command += ["--runtime-port", str(int(runtime_port))]
     for spec in data:
