@@ -59,7 +59,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "ConsensusMC"
+#: with slow (CI time): the variance-reduced variants send the same messages as FALD and QLSD,
+#: whose cases the default suite keeps; Consensus MC's NUTS runs
+SLOW_CASES = {"ConsensusMC", "VR-FALD*", "QLSD++"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CASES
                                   else name for name in CASES])
 def test_the_in_process_transport_gives_the_local_draws(name):
     algorithm, tolerance = CASES[name]
