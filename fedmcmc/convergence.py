@@ -36,6 +36,9 @@ __all__ = ["ConvergenceWarning", "ConvergenceCheck", "diagnose", "check", "advic
 
 #: parameters named in the warning
 WORST_SHOWN = 5
+#: bulk ESS per chain below which R-hat's own error is of the 1.01 threshold's size (Vehtari
+#: et al. 2021 ask for 100 per chain): the advice for a high R-hat then adds more draws
+RELIABLE_ESS_PER_CHAIN = 100.0
 
 
 class ConvergenceWarning(UserWarning):
@@ -197,8 +200,19 @@ def advice(info: Dict[str, Any], diagnostics: Dict[str, Any], thresholds: Conver
             f"effective draw): raise {knob} (now {current:g}) or num_samples about "
             f"{factor:.2g}x, or pass {knob}='auto' where the algorithm offers it")
     if np.isfinite(worst_r_hat) and worst_r_hat > thresholds.max_r_hat and not parts:
-        parts.append("the chains disagree (R-hat) although each mixes: raise burn_in "
-                     "(burn_in='auto' where offered) or check for several modes")
+        text = ("the chains disagree (R-hat) although each mixes: raise burn_in "
+                "(burn_in='auto' where offered) or check for several modes")
+        # Vehtari et al. (2021) judge R-hat against 1.01 only with a bulk ESS of at least
+        # 100 per chain: below that R-hat's own Monte Carlo error is of the threshold's size
+        chains = max(int(diagnostics["chains"]), 1)
+        worst = int(np.nanargmax(r_hat))
+        per_chain = float(bulk[worst]) / chains if np.isfinite(bulk[worst]) else 0.0
+        if per_chain < RELIABLE_ESS_PER_CHAIN:
+            needed = RELIABLE_ESS_PER_CHAIN / max(per_chain, 1.0)
+            text += (f"; with {per_chain:.0f} effective draws per chain R-hat is itself "
+                     f"noisy: raise num_samples about {needed:.2g}x "
+                     f"(to {int(math.ceil(needed * diagnostics['draws']))} per chain)")
+        parts.append(text)
     if diagnostics.get("frozen"):
         parts.insert(0, "chains that never move make no draws of the posterior: the step size "
                         "(or sample_interval) is far too small, or the update does nothing; try "

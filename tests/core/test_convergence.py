@@ -172,3 +172,19 @@ def test_every_coordinate_at_once_gives_the_per_coordinate_figures():
             if not np.all(np.isfinite(values)):
                 expected = (np.nan, np.nan, np.nan)
             np.testing.assert_allclose([r_hat[i], bulk[i], tail[i]], expected, rtol=1e-10)
+
+
+def test_a_high_r_hat_from_few_effective_draws_asks_for_more_draws():
+    """R-hat above 1.01 with fewer than 100 effective draws per chain (Vehtari et al. 2021)
+    may be R-hat's own noise: the advice adds num_samples to burn-in and modes; with plenty of
+    effective draws per chain it does not."""
+    thresholds = convergence.ConvergenceCheck()
+    figures = {"parameters": ["a"], "r_hat": [1.02], "ess_bulk": [240.0], "ess_tail": [300.0],
+               "draws": 400, "chains": 4}
+    text = convergence.advice({}, figures, thresholds)
+    assert "chains disagree" in text and "burn_in" in text
+    assert "60 effective draws per chain" in text and "raise num_samples about 1.7x" in text
+    assert "(to 667 per chain)" in text
+    plenty = dict(figures, ess_bulk=[4000.0])
+    text = convergence.advice({}, plenty, thresholds)
+    assert "chains disagree" in text and "num_samples" not in text
