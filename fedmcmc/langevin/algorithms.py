@@ -153,7 +153,7 @@ class SGLD(_LangevinAlgorithm):
                      seed, progress, **options):
         request = _run_request(options, num_samples, burn_in, thin, chains)
         if self.privacy is not None:
-            private.check_settings(self, "local", request)
+            private.check_settings(self, request)
         preconditioning.check_run_request(self.preconditioner, request)
         run_options = split_run_options(options, "SGLD")
         flat_model = model.flatten(init)
@@ -231,7 +231,9 @@ class DSGLD(_LangevinAlgorithm):
         ``(epsilon, delta)`` or :class:`fedmcmc.Privacy`: a differentially private run
         (:mod:`fedmcmc.privacy`, :mod:`fedmcmc.langevin.private`): each client's rows
         protected from everyone its chain state reaches, per-example gradients clipped,
-        ``result.info["privacy"]`` per client. Needs a numeric h and the local engine.
+        ``result.info["privacy"]`` per client. Needs a numeric h; on Ray and Flower each
+        client clips and adds its noise in its own visit (an in-memory federation, failure
+        policy ``"stop"``).
     clip_norm:
         With ``privacy``: C, the bound on every per-example gradient's norm (default 1.0).
     preconditioner:
@@ -288,7 +290,8 @@ class DSGLD(_LangevinAlgorithm):
         return self.control_variates
 
     def handoff_protocol(self, settings: Optional["_Settings"] = None,
-                         run_request: Optional[run_length.RunRequest] = None) -> DSGLDProtocol:
+                         run_request: Optional[run_length.RunRequest] = None,
+                         private_noise=None) -> DSGLDProtocol:
         """This algorithm as a hand-off protocol (what the clients and the server of the Ray
         engine run; ``fedmcmc.langevin.handoff``). ``settings``: the resolved ones
         (:meth:`_resolve`: a numeric h, the control variates' anchor, f_s), else the
@@ -301,7 +304,8 @@ class DSGLD(_LangevinAlgorithm):
         return DSGLDProtocol(settings.step_size, self.batch_size, self.local_steps, self.noise,
                              self.divergence_threshold, anchor=anchor,
                              client_weights=settings.client_weights, setup=setup,
-                             run_request=run_request, preconditioner=self.preconditioner)
+                             run_request=run_request, preconditioner=self.preconditioner,
+                             private=private_noise)
 
     def _client_setup(self) -> Optional[ClientSetup]:
         """What the protocol's server resolves from the clients' replies when no resolved
@@ -363,11 +367,19 @@ class DSGLD(_LangevinAlgorithm):
         self.check_run_lengths(burn_in, thin)
         request = _run_request(options, num_samples, burn_in, thin, chains)
         if self.privacy is not None:
-            private.check_settings(self, engine.label, request)
+            private.check_settings(self, request)
+            self._check_private()
+            private.check_distributed(self, federation,
+                                      engine.session_options(options, self.name))
         preconditioning.check_run_request(self.preconditioner, request)
         info = {"step_size": describe_step_size(self.step_size),
                 "batch_size": self.batch_size,
                 "preconditioner": preconditioning.describe_preconditioner(self.preconditioner)}
+        if self.privacy is not None:
+            return self._sample_distributed_privately(
+                model, federation, engine, init=init, num_samples=num_samples,
+                burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
+                info=info, **options)
         if not self._needs_driver_setup() and not request.any_auto:
             protocol = self.handoff_protocol(run_request=request)
         elif federation.is_deferred:
@@ -396,12 +408,38 @@ class DSGLD(_LangevinAlgorithm):
             info=info, **options,
         )
 
+    def _sample_distributed_privately(self, model, federation, engine, *, init, num_samples,
+                                      burn_in, thin, chains, seed, progress, info, **options):
+        """A private run through the hand-off protocol: the in-process run's plan (given h,
+        the federation's f_s and row counts; :mod:`fedmcmc.langevin.private`), each client's
+        a_s and C sent with its parameters, the run accounted as made (``local_steps`` per
+        visit a chain started), or the draws the budget affords."""
+        flat_model = model.flatten(init)
+        settings = self._private_settings(flat_model, federation, flat_model.ravel(init), info)
+        plan = private.federated_plan(
+            self.privacy, np.asarray(federation.sizes), np.asarray(federation.weights),
+            self.batch_size, float(settings.step_size), self.local_steps, chains, thin,
+            burn_in, num_samples)
+        protocol = self.handoff_protocol(settings, private_noise=private.private_noise(plan[0]))
+        the_plan, steps_for_draws = plan
+
+        def run(draws):
+            return sample_handoff(
+                protocol, model, federation, engine, init=init, num_samples=draws,
+                burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
+                info=dict(info), **options)
+
+        return run_within_budget(
+            the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
+            run=run, steps_of=lambda result, draws: [
+                v * self.local_steps for v in result.info["visits_per_client"]])
+
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
                      seed, progress, **options):
         self.check_run_lengths(burn_in, thin)
         request = _run_request(options, num_samples, burn_in, thin, chains)
         if self.privacy is not None:
-            private.check_settings(self, "local", request)
+            private.check_settings(self, request)
             self._check_private()
         preconditioning.check_run_request(self.preconditioner, request)
         run_options = split_run_options(options, self.name)
@@ -651,7 +689,8 @@ class FSGLD(DSGLD):
                          global_surrogate=surrogate_module.product(surrogates))
 
     def handoff_protocol(self, settings: Optional["_Settings"] = None,
-                         run_request: Optional[run_length.RunRequest] = None) -> FSGLDProtocol:
+                         run_request: Optional[run_length.RunRequest] = None,
+                         private_noise=None) -> FSGLDProtocol:
         """This algorithm as a hand-off protocol (``fedmcmc.langevin.handoff``). Without
         ``settings`` the clients fit their own surrogates and the server sets the trust radius
         from their replies; with the resolved ones (:meth:`_resolve`) the protocol runs the
@@ -677,7 +716,7 @@ class FSGLD(DSGLD):
             radius_probes_per_client=self.radius_probes_per_client, noise=self.noise,
             divergence_threshold=self.divergence_threshold, anchor=anchor,
             client_weights=settings.client_weights, setup=setup, run_request=run_request,
-            preconditioner=self.preconditioner)
+            preconditioner=self.preconditioner, private=private_noise)
 
     def _setup_options(self) -> setup.SetupOptions:
         """DSGLD's, with FSGLD's surrogates and alpha; in process the given h is checked

@@ -26,6 +26,11 @@ trust radius' moments, a few floats each. :meth:`DSGLDProtocol.prepare` returns 
 (and the run lengths, read by the engine with :meth:`DSGLDProtocol.run_length` before it
 configures the clients).
 
+A private run (``privacy=``; :mod:`fedmcmc.langevin.private`) is planned by the driver, which
+gives the protocol each client's noise factor a_s and the clip norm C
+(:class:`PrivateNoise`); each client receives its own with its parameters and builds its visit
+with clipped per-example gradients, distinct rows and the inflated noise, as in process.
+
 Keys are the in-process engine's, so both engines give the same draws (the
 tests compare them).
 """
@@ -44,6 +49,7 @@ from .. import rng
 from .. import run_length
 from .. import surrogates as surrogate_module
 from ..arrays import device_array
+from ..clipping import PrivateSteps
 from ..federation import ConcatenatedData, Federation
 from ..model import Model
 from ..protocols import ClientContext, HandoffProtocol, ServerSide, UpdateStep
@@ -56,7 +62,15 @@ from .setup import ClientSetup, setup_key
 from .sgld import noise_from_keys, run_updates
 
 __all__ = ["DSGLDProtocol", "FSGLDProtocol", "ClientSetup", "HandoffSetup", "DSGLDParameters",
-           "FSGLDParameters", "setup_key"]
+           "FSGLDParameters", "PrivateNoise", "setup_key"]
+
+
+class PrivateNoise(NamedTuple):
+    """A private run's noise (:mod:`fedmcmc.langevin.private`): the clip norm C and every
+    client's factor a_s on its Langevin noise (``(S,)``), as the accountant planned them."""
+
+    clip_norm: float
+    noise_inflation: np.ndarray
 
 
 class HandoffSetup(NamedTuple):
@@ -85,6 +99,7 @@ class DSGLDParameters(NamedTuple):
     anchor_gradient: Any = None
     step_size: Any = None
     total_rows: Any = None  # N, the federation's rows: pSGLD's scale of V (None: none)
+    noise_inflation: Any = None  # a private run's a_s (fedmcmc.langevin.private; None: none)
 
 
 class FSGLDParameters(NamedTuple):
@@ -104,6 +119,7 @@ class FSGLDParameters(NamedTuple):
     trust_precision: Any = None
     trust_radius: Any = None
     total_rows: Any = None  # N, the federation's rows: pSGLD's scale of V (None: none)
+    noise_inflation: Any = None  # a private run's a_s (fedmcmc.langevin.private; None: none)
 
 
 #: the share models of :func:`_own_share`, one per (model, S), while the model lives: the
@@ -189,9 +205,13 @@ class DSGLDProtocol(HandoffProtocol):
     def __init__(self, step_size, batch_size: int, local_steps: int, noise: bool = True,
                  divergence_threshold: float = 1e10, anchor=None, client_weights=None,
                  setup: Optional[ClientSetup] = None,
-                 run_request: Optional[run_length.RunRequest] = None, preconditioner=None):
+                 run_request: Optional[run_length.RunRequest] = None, preconditioner=None,
+                 private: Optional[PrivateNoise] = None):
         self.setup = setup
         self.preconditioner = preconditioner
+        # a private run (fedmcmc.langevin.private): C and every client's noise factor a_s,
+        # chosen by the driver's accountant; each client gets its own a_s
+        self.private = private
         # the run's length as asked ("auto" thin / burn_in resolved by prepare), or None
         self.run_request = run_request
         # anchor: (d,) shared by every client, or (S, d): each client's own
@@ -338,7 +358,17 @@ class DSGLDProtocol(HandoffProtocol):
             entries["anchor"] = self._anchor_for(prepared.anchor, client)
         if self.setup is not None:
             entries["step_size"] = np.float32(prepared.step_size)
+        if self.private is not None:
+            entries["noise_inflation"] = np.float32(self.private.noise_inflation[client])
         return entries
+
+    def _private_steps(self, parameters) -> Optional[PrivateSteps]:
+        """The kernel's :class:`~fedmcmc.clipping.PrivateSteps` of this client (its a_s as
+        the one entry of the one-client layout), or ``None``."""
+        if self.private is None:
+            return None
+        return PrivateSteps(clip_norm=self.private.clip_norm,
+                            noise_inflation=jnp.reshape(parameters.noise_inflation, (1,)))
 
     def client_parameters(self, server, prepared: HandoffSetup, weights, clients):
         return [DSGLDParameters(weight=np.float32(weights[s]),
@@ -355,7 +385,7 @@ class DSGLDProtocol(HandoffProtocol):
             context.flat_model, context.data, parameters.weight[None], self.batch_size,
             self.local_steps, self._schedule(parameters), self.noise,
             control_variates=self._variates(parameters), preconditioner=self.preconditioner,
-            total_rows=parameters.total_rows)
+            total_rows=parameters.total_rows, private=self._private_steps(parameters))
 
     def build_update(self, context, parameters):
         step = self._kernel(context, parameters)
@@ -391,9 +421,10 @@ class FSGLDProtocol(DSGLDProtocol):
                  radius_probes_per_client: int, noise: bool = True,
                  divergence_threshold: float = 1e10, anchor=None, client_weights=None,
                  setup: Optional[ClientSetup] = None,
-                 run_request: Optional[run_length.RunRequest] = None, preconditioner=None):
+                 run_request: Optional[run_length.RunRequest] = None, preconditioner=None,
+                 private: Optional[PrivateNoise] = None):
         super().__init__(step_size, batch_size, local_steps, noise, divergence_threshold, anchor,
-                         client_weights, setup, run_request, preconditioner)
+                         client_weights, setup, run_request, preconditioner, private)
         self.surrogate = surrogate
         self.alpha = float(alpha)
         self.alpha_warmup = int(alpha_warmup)
@@ -554,5 +585,5 @@ class FSGLDProtocol(DSGLDProtocol):
                                               parameters.global_shift),
             fsgld.alpha_schedule(self.alpha, self.alpha_warmup), self.noise, trust,
             control_variates=self._variates(parameters), preconditioner=self.preconditioner,
-            total_rows=parameters.total_rows)
+            total_rows=parameters.total_rows, private=self._private_steps(parameters))
 

@@ -21,8 +21,16 @@ that is ``"auto"`` or a schedule, ``thin`` / ``burn_in`` ``"auto"``, control var
 surrogates fitted from the rows (``"laplace"``, ``"exact"``, ``"sgld"``; give precomputed
 ``(precision, shift)``, e.g. from public data, which the accountant treats as public) and
 FSGLD's trust region (its damping reads the minibatch gradient: the update is then not a
-Gaussian mechanism on S), ``noise=False``, and the Ray engine (private runs run on the
-local engine for now).
+Gaussian mechanism on S), and ``noise=False``.
+
+On a message-passing engine (Ray, Flower; DSGLD and FSGLD through the hand-off protocol) the
+driver plans as in process, from the clients' row counts and f_s, and sends each client its
+a_s and C with its parameters (:class:`fedmcmc.langevin.handoff.PrivateNoise`); the client
+clips and adds the noise inside its own visit, so what leaves it (the chain's state after a
+visit, the draws taken during it) is the output of the accounted mechanism. The same seed gives
+the in-process draws. Refused there: a ``Federation.from_loaders`` federation (the plan needs
+every client's row count before the run, which the driver learns only from the clients) and
+``on_client_failure="drop"`` (a drop changes the f_s the plan was made for).
 """
 
 from __future__ import annotations
@@ -34,16 +42,16 @@ import numpy as np
 from .. import privacy as privacy_module
 from ..arrays import device_array
 from ..clipping import PrivateSteps
+from .handoff import PrivateNoise
 
-__all__ = ["check_settings", "sgld_plan", "federated_plan", "private_steps"]
+__all__ = ["check_settings", "check_distributed", "sgld_plan", "federated_plan",
+           "private_noise", "private_steps"]
 
 
-def check_settings(algorithm, engine: str, request) -> None:
+def check_settings(algorithm, request) -> None:
     """Refuse what a private run of a Langevin algorithm cannot account (module docstring)."""
     name = algorithm.name
     refuse = privacy_module.refuse
-    refuse(engine not in ("local", None), name,
-           f"engine={engine!r}: private runs run on engine='local' for now")
     step_size = algorithm.step_size
     refuse(isinstance(step_size, str) or callable(step_size), name,
            f"step_size={step_size!r} ('auto' reads the clients' rows before the run, a "
@@ -95,6 +103,28 @@ def federated_plan(privacy, sizes, weights, batch_size: int, step_size: float,
         f"local_steps per visit; visits planned at their 1 - {privacy_module.SCHEDULE_TAIL:g} "
         "quantile, accounted as made")
     return the_plan, steps_for_draws
+
+
+def check_distributed(algorithm, federation, options) -> None:
+    """Refuse what a private run on a message-passing engine cannot account (module
+    docstring): data the driver cannot count before the run, a drop policy. ``options``: the
+    run's checked engine options (``engine.session_options``)."""
+    refuse = privacy_module.refuse
+    refuse(federation.is_deferred, algorithm.name,
+           "a Federation.from_loaders federation: the plan needs every client's number of "
+           "rows before the run, which the driver learns only from the clients; give the "
+           "federation in memory")
+    policy = options.get("on_client_failure", "stop")
+    refuse(policy != "stop", algorithm.name,
+           f"on_client_failure={policy!r}: a dropped client changes the f_s the plan was "
+           "made for; use 'stop'")
+
+
+def private_noise(the_plan):
+    """What a hand-off protocol sends the clients: C and every client's a_s
+    (:class:`fedmcmc.langevin.handoff.PrivateNoise`)."""
+    return PrivateNoise(clip_norm=float(the_plan.privacy.clip_norm),
+                        noise_inflation=np.asarray(the_plan.noise_inflation, np.float64))
 
 
 def private_steps(the_plan, dtype) -> PrivateSteps:
