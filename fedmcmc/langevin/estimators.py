@@ -172,7 +172,7 @@ def unscaled_noise(flat_model: FlatModel, data: ConcatenatedData, client, batch_
     (:func:`client_gradient`, or :func:`control_variate_gradient` with ``variates``), minus
     FSGLD's ``alpha grad log q_s`` when ``conducive = (alpha, P_s, b_s)``. Returns
     ``(within, mean)``: (d, d) or () and (d,); with ``conducive`` also the surrogate's
-    prediction statistics (3,) (``step_size.client_noise``).
+    prediction statistics (4,) (``step_size.client_noise``).
 
     The one computation of both engines: the in-process set-up maps it over the clients of
     the whole federation's layout, a client on Ray runs it on its own one-client layout

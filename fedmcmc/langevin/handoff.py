@@ -256,7 +256,7 @@ class DSGLDProtocol(HandoffProtocol):
         FSGLD's ``conducive = (alpha, P_s, b_s)``: its within-client covariance averaged over
         ``points`` ((d, d), or its trace above ``step_size.FULL_MOMENTS_MAX_DIM``) and its
         mean at ``center`` (d), with ``conducive`` also its surrogate's prediction statistics
-        (three scalars, ``step_size.client_noise``), with the key the in-process set-up gives
+        (four scalars, ``step_size.client_noise``), with the key the in-process set-up gives
         this client."""
         variates = None
         if anchor is not None:
@@ -275,7 +275,7 @@ class DSGLDProtocol(HandoffProtocol):
         within, mean = np.asarray(statistics[0]), np.asarray(statistics[1])
         if conducive is None:
             return within, mean
-        # the surrogate's three prediction statistics as three scalars
+        # the surrogate's four prediction statistics as four scalars
         return (within, mean) + tuple(np.asarray(value) for value in np.asarray(statistics[2]))
 
     def _setup_options(self) -> setup_module.SetupOptions:

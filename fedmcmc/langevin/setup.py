@@ -349,7 +349,7 @@ class MessagePassingClients(ClientStatistics):
             within=np.stack([reply[0] for reply in replies]),
             means=np.stack([reply[1] for reply in replies]),
             prediction=None if surrogates is None else np.array(
-                [[float(value) for value in reply[2:5]] for reply in replies]))
+                [[float(value) for value in reply[2:6]] for reply in replies]))
 
     def estimator_moments(self, weights, alpha, surrogates, global_surrogate, center, clients):
         center_array = np.asarray(center)
