@@ -67,7 +67,7 @@ def _check_rule(rule, prediction):
 def _sign_rule(prediction):
     """Broken: keep a surrogate whenever it points the right way on average (X > 0)."""
     prediction = np.asarray(prediction, np.float64)
-    squared, cross, surrogate = prediction.T
+    squared, cross, surrogate, _ = prediction.T
     return np.where(cross > 0, 1.0, 0.0), (squared - 2 * cross + surrogate) / squared
 
 
@@ -80,10 +80,19 @@ def test_poor_surrogates_are_damped_and_good_ones_kept():
 
 def test_conducive_weights_edge_cases():
     # no surrogate gradient at all: nothing to weigh (1); non-finite statistics: off (0)
-    weights, _ = step_size.conducive_weights(np.array([[1.0, 0.0, 0.0], [1.0, np.nan, 1.0]]))
+    weights, _ = step_size.conducive_weights(np.array([[1.0, 0.0, 0.0, 0.0],
+                                                       [1.0, np.nan, 1.0, 1.0]]))
+    np.testing.assert_array_equal(weights, [1.0, 0.0])
+    # worse than zero by a margin within the noise of the points (16 draws whose excess
+    # errors Q - 2X spread with sd 10 around a mean of 1: sum 16, standard error 40): kept;
+    # the same excess with no spread: damped to X / Q
+    kept = [1.0, -6.0, 4.0, 16 * (1.0 + 100.0)]
+    damped = [1.0, -6.0, 4.0, 16 * 1.0]
+    weights, _ = step_size.conducive_weights(np.array([kept, damped]), points=16)
     np.testing.assert_array_equal(weights, [1.0, 0.0])
 
 
+@pytest.mark.slow  # 8 s on 2 loaded cores; the rule itself is checked above
 def test_auto_applies_the_weights_to_the_run():
     """FSGLD "auto" with the wrong surrogates given: info records the weights, the warning
     names the damped clients; with the
