@@ -536,7 +536,11 @@ class FSGLD(DSGLD):
         step size (default: ``step_size``).
     step_size_tolerance, control_variates, client_selection:
         As for :class:`DSGLD` (the noise they measure is that of FSGLD's estimator,
-        conducive gradient included).
+        conducive gradient included). Under ``step_size="auto"`` each client's conducive
+        gradient is also weighted by how well its surrogate predicts the client's gradient
+        at the draws where the noise is measured: 1 unless the surrogate predicts worse than
+        zero (then its least-squares weight, often 0; the estimator stays unbiased;
+        ``info["conducive_weights"]``, ``langevin.step_size.conducive_weights``).
     privacy, clip_norm:
         As for :class:`DSGLD`; a private FSGLD needs precomputed surrogates
         ``(precision, shift)`` (treated as public) and ``trust_radius=None``.

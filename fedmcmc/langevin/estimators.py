@@ -171,7 +171,8 @@ def unscaled_noise(flat_model: FlatModel, data: ConcatenatedData, client, batch_
     estimator (``step_size.ClientNoise``), from its own minibatches: its minibatch gradient
     (:func:`client_gradient`, or :func:`control_variate_gradient` with ``variates``), minus
     FSGLD's ``alpha grad log q_s`` when ``conducive = (alpha, P_s, b_s)``. Returns
-    ``(within, mean)``: (d, d) or () and (d,).
+    ``(within, mean)``: (d, d) or () and (d,); with ``conducive`` also the surrogate's
+    prediction statistics (4,) (``step_size.client_noise``).
 
     The one computation of both engines: the in-process set-up maps it over the clients of
     the whole federation's layout, a client on Ray runs it on its own one-client layout
@@ -188,4 +189,8 @@ def unscaled_noise(flat_model: FlatModel, data: ConcatenatedData, client, batch_
             value = value - alpha * grad_log_surrogate(precision, shift, theta)
         return value
 
-    return client_noise(estimate, center, points, key, probes, full)
+    surrogate = None
+    if conducive is not None:
+        alpha, precision, shift = conducive
+        surrogate = (alpha, lambda theta: grad_log_surrogate(precision, shift, theta))
+    return client_noise(estimate, center, points, key, probes, full, surrogate)

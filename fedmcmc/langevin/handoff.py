@@ -78,7 +78,8 @@ class HandoffSetup(NamedTuple):
     is never changed): the step size the visits run (``"auto"`` resolved), the control
     variates' anchor ((d,) shared or (S, d) per client; ``None``: none), the scheduler's f_s
     when the set-up chose them, the run's (thin, burn_in) when it resolved ``"auto"`` ones, and
-    FSGLD's surrogates (``surrogates_given``: the user gave them, so the server sends each
+    FSGLD's surrogates (``surrogates_given``: the user gave them, or the set-up weighted
+    their conducive gradients, so the server sends each
     client its own)."""
 
     step_size: Any
@@ -274,7 +275,9 @@ class DSGLDProtocol(HandoffProtocol):
         (``estimators.unscaled_noise``) with control variates at ``anchor`` (``None``: none),
         FSGLD's ``conducive = (alpha, P_s, b_s)``: its within-client covariance averaged over
         ``points`` ((d, d), or its trace above ``step_size.FULL_MOMENTS_MAX_DIM``) and its
-        mean at ``center`` (d), with the key the in-process set-up gives this client."""
+        mean at ``center`` (d), with ``conducive`` also its surrogate's prediction statistics
+        (four scalars, ``step_size.client_noise``), with the key the in-process set-up gives
+        this client."""
         variates = None
         if anchor is not None:
             variates = ControlVariates(
@@ -286,10 +289,14 @@ class DSGLDProtocol(HandoffProtocol):
                                                         step_size_module.NOISE_STREAM),
                                    context.index)
         full = context.flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
-        within, mean = _client_noise_statistics(
+        statistics = _client_noise_statistics(
             context.flat_model, self.batch_size, full, context.size, device_array(center),
             device_array(points), key, variates, conducive, context.data.data)
-        return np.asarray(within), np.asarray(mean)
+        within, mean = np.asarray(statistics[0]), np.asarray(statistics[1])
+        if conducive is None:
+            return within, mean
+        # the surrogate's four prediction statistics as four scalars
+        return (within, mean) + tuple(np.asarray(value) for value in np.asarray(statistics[2]))
 
     def _setup_options(self) -> setup_module.SetupOptions:
         """What the set-up (:mod:`fedmcmc.langevin.setup`) reads of this protocol; ``choice``:
@@ -522,8 +529,10 @@ class FSGLDProtocol(DSGLDProtocol):
         resolved = setup_module.resolve_fsgld(
             setup_module.MessagePassingClients(server), self._setup_options(),
             self.run_request, measure_noise=self.setup is not None, surrogates=given)
-        chosen = self._chosen(resolved)._replace(surrogates=resolved.surrogates,
-                                                 surrogates_given=given is not None)
+        # surrogates the set-up weighted (conducive_weights) are sent as given ones are
+        chosen = self._chosen(resolved)._replace(
+            surrogates=resolved.surrogates,
+            surrogates_given=given is not None or resolved.surrogates_weighted)
         self._prepare_variates(server, chosen.anchor)
         return chosen
 

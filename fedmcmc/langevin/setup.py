@@ -43,7 +43,8 @@ from .estimators import ControlVariates, estimator_moments, unscaled_noise
 
 __all__ = ["setup_key", "ClientSetup", "SurrogateFit", "SetupOptions", "Resolved", "Settings",
            "ClientStatistics", "InProcessClients", "MessagePassingClients", "resolve_sgld",
-           "resolve_dsgld", "resolve_fsgld", "choose_noise_settings", "trust_radius",
+           "resolve_dsgld", "resolve_fsgld", "choose_noise_settings", "NoiseSettings",
+           "weigh_conducive_gradients", "trust_radius",
            "auto_trust_radius",
            "resolve_run_length", "weights_of"]
 
@@ -104,7 +105,9 @@ class Resolved(NamedTuple):
     ((d,) shared, (S, d) per client, ``None``: none; as the clients' statistics returned it),
     the scheduler's f_s when it chose them, the Laplace fit of the posterior it built (centre
     and precision: the run lengths' curvature; ``None``: none made), the run's (thin,
-    burn_in) when ``"auto"`` was resolved (else ``None``), and FSGLD's surrogates."""
+    burn_in) when ``"auto"`` was resolved (else ``None``), and FSGLD's surrogates (with the
+    per-client conducive weights of :func:`weigh_conducive_gradients` applied, which
+    ``surrogates_weighted`` says: the clients then need the server's copy)."""
 
     step_size: Any
     anchor: Any = None
@@ -113,6 +116,7 @@ class Resolved(NamedTuple):
     precision: Any = None
     run_length: Optional[tuple] = None
     surrogates: Any = None
+    surrogates_weighted: bool = False  # FSGLD: the set-up weighted some conducive gradient
 
 
 class Settings(NamedTuple):
@@ -341,8 +345,11 @@ class MessagePassingClients(ClientStatistics):
             return own, center_array, points, conducive
 
         replies = self.server.ask("noise", arguments, None)
-        return step_size_module.ClientNoise(within=np.stack([within for within, _ in replies]),
-                                            means=np.stack([mean for _, mean in replies]))
+        return step_size_module.ClientNoise(
+            within=np.stack([reply[0] for reply in replies]),
+            means=np.stack([reply[1] for reply in replies]),
+            prediction=None if surrogates is None else np.array(
+                [[float(value) for value in reply[2:6]] for reply in replies]))
 
     def estimator_moments(self, weights, alpha, surrogates, global_surrogate, center, clients):
         center_array = np.asarray(center)
@@ -366,7 +373,8 @@ def _client_noise(flat_model, data, num_clients: int, batch_size: int, center, p
     (``estimators.unscaled_noise``, key ``fold_in(key, s)``, at the points
     ``step_size.noise_points``), mapped over the clients of ``data``: d + d^2 floats (or
     d + 1 above ``FULL_MOMENTS_MAX_DIM``) per client, what each client computes on Ray.
-    ``conducive(client) -> (alpha, P_s, b_s)`` or ``None``. Returns ``step_size.ClientNoise``."""
+    ``conducive(client) -> (alpha, P_s, b_s)`` or ``None`` (with it, each surrogate's
+    prediction statistics too). Returns ``step_size.ClientNoise``."""
     full = flat_model.dim <= step_size_module.FULL_MOMENTS_MAX_DIM
     points = step_size_module.noise_points(center, precision, key)
 
@@ -382,8 +390,10 @@ def _client_noise(flat_model, data, num_clients: int, batch_size: int, center, p
 
         return jax.lax.map(one, clients)
 
-    within, means = every_client(np.arange(num_clients, dtype=np.int32), key, points)
-    return step_size_module.ClientNoise(within=np.asarray(within), means=np.asarray(means))
+    statistics = every_client(np.arange(num_clients, dtype=np.int32), key, points)
+    return step_size_module.ClientNoise(
+        within=np.asarray(statistics[0]), means=np.asarray(statistics[1]),
+        prediction=None if conducive is None else np.asarray(statistics[2]))
 
 
 def _anchor_gradients(flat_model, federation, anchor):
@@ -438,8 +448,10 @@ def choose_noise_settings(clients: ClientStatistics, options: SetupOptions, cent
 
     ``surrogates``: FSGLD's (its part of r_s is ``-alpha grad log q_s``), else ``None``.
     ``modes()``: the clients' Laplace modes (the anchors of ``control_variates="client"``).
-    ``request``: the run's length as asked (the budget of an ``"auto"`` h). Returns (h, the
-    chosen anchor or ``None``, f_s or ``None``)."""
+    ``request``: the run's length as asked (the budget of an ``"auto"`` h). Under ``"auto"``
+    FSGLD's conducive gradients are weighted per client first
+    (:func:`weigh_conducive_gradients`). Returns :class:`NoiseSettings` (h, the chosen anchor
+    or ``None``, f_s or ``None``, the surrogates the run uses)."""
     choice = options.choice
     kinds = step_size_module.candidate_variates(choice.control_variates,
                                                 isinstance(options.step_size, str))
@@ -447,6 +459,10 @@ def choose_noise_settings(clients: ClientStatistics, options: SetupOptions, cent
                "client": modes() if "client" in kinds else None}
     noises = {kind: clients.noise(anchors[kind], center, precision, surrogates, options.alpha)
               for kind in kinds}
+    if surrogates is not None and options.step_size == "auto" and options.alpha:
+        surrogates, noises = weigh_conducive_gradients(surrogates, noises, center,
+                                                       options.alpha, options.name,
+                                                       clients.info)
     kind, client_weights, step_size = step_size_module.choose_settings(
         noises, np.asarray(precision), np.asarray(clients.weights, np.float64),
         step_size=options.step_size, tolerance=choice.tolerance,
@@ -458,7 +474,53 @@ def choose_noise_settings(clients: ClientStatistics, options: SetupOptions, cent
         clients.info["setup_by"] = clients.setup_by
     if client_weights is not None:
         client_weights = np.asarray(client_weights, np.float64)
-    return step_size, anchors[kind], client_weights
+    return NoiseSettings(step_size, anchors[kind], client_weights, surrogates)
+
+
+class NoiseSettings(NamedTuple):
+    """What :func:`choose_noise_settings` chose: the h, the control variates' anchor (or
+    ``None``), f_s (or ``None``) and FSGLD's surrogates with their conducive weights applied
+    (``None`` for DSGLD)."""
+
+    step_size: Any
+    anchor: Any
+    client_weights: Optional[np.ndarray]
+    surrogates: Any = None
+
+
+def weigh_conducive_gradients(surrogates, noises, center, alpha: float, name: str,
+                              info: dict) -> tuple:
+    """FSGLD's per-client conducive weights (``step_size.conducive_weights``: a surrogate that
+    predicts its client's gradient at the Laplace draws worse than predicting nothing is
+    damped to its least-squares weight, often 0), applied to the surrogates
+    (``(w_s P_s, w_s b_s)``: the estimator's ``alpha (grad log q - grad log q_s / f_s)``
+    with q_s's weight w_s, still unbiased) and to the noise statistics the clients measured at
+    weight 1 (the within-client noise does not depend on a deterministic term; the means at
+    the centre move by ``alpha (1 - w_s) grad log q_s(centre)``), without asking the clients
+    again. The statistics of the first anchor measured decide. ``info`` records
+    ``conducive_weights`` and ``surrogate_prediction_error`` (per client, the squared error of
+    grad log q_s over that of predicting zero); a :class:`~fedmcmc.surrogates.
+    SurrogatePredictionWarning` names the clients damped. Returns ``(surrogates, noises)``."""
+    first = next(iter(noises.values()))
+    weights, errors = step_size_module.conducive_weights(first.prediction)
+    info.update(conducive_weights=weights.tolist(),
+                surrogate_prediction_error=errors.tolist())
+    if np.all(weights == 1.0):
+        return surrogates, noises
+    precision = np.asarray(surrogates.precision, np.float64)
+    shift = np.asarray(surrogates.shift, np.float64)
+    center = np.asarray(center, np.float64)
+    at_center = shift - (precision * center if precision.ndim == 2
+                         else np.einsum("sij,j->si", precision, center))
+    moved = {kind: noise._replace(means=np.asarray(noise.means, np.float64) + alpha * (
+        1.0 - weights)[:, None] * at_center) for kind, noise in noises.items()}
+    scale = weights.reshape((-1,) + (1,) * (precision.ndim - 1))
+    dtype = surrogates.shift.dtype
+    weighted = surrogate_module.GaussianSurrogates(
+        precision=device_array(precision * scale, dtype),
+        shift=device_array(shift * weights[:, None], dtype))
+    surrogate_module.warn_poor_prediction(name, weights, errors)
+    return weighted, moved
 
 
 def resolve_sgld(clients: InProcessClients, step_size, tolerance: float, name: str,
@@ -502,7 +564,7 @@ def resolve_dsgld(clients: ClientStatistics, options: SetupOptions,
         center, precision = surrogate_module.laplace_of_product(clients.flat_model, laplace,
                                                                 clients.theta0)
     if choice is not None:
-        step_size, anchor, client_weights = choose_noise_settings(
+        step_size, anchor, client_weights, _ = choose_noise_settings(
             clients, options, center, precision, lambda: modes, None, request)
     return Resolved(step_size=step_size, anchor=anchor, client_weights=client_weights,
                     center=center, precision=precision,
@@ -525,6 +587,7 @@ def resolve_fsgld(clients: ClientStatistics, options: SetupOptions,
     step_size_module.check_selection(None if choice is None else choice.client_selection,
                                      clients.weights_given)
     modes = None
+    weighted = False
     if surrogates is None:
         surrogates, modes = clients.fit_surrogates(options.fit)
     theta0 = clients.theta0
@@ -553,10 +616,14 @@ def resolve_fsgld(clients: ClientStatistics, options: SetupOptions,
                 return modes
             return clients.laplace_fits(options.diagonal)[1]
 
-        step_size, anchor, client_weights = choose_noise_settings(
-            clients, options, center, precision, client_modes, surrogates, request)
+        chosen = choose_noise_settings(clients, options, center, precision, client_modes,
+                                       surrogates, request)
+        step_size, anchor, client_weights = chosen[:3]
+        weighted = chosen.surrogates is not surrogates
+        surrogates = chosen.surrogates
     return Resolved(step_size=step_size, anchor=anchor, client_weights=client_weights,
                     center=center, precision=precision, surrogates=surrogates,
+                    surrogates_weighted=weighted,
                     run_length=resolve_run_length(request, step_size, center, precision,
                                                   theta0, options.name, clients.info))
 

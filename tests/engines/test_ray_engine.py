@@ -19,6 +19,7 @@ of them, of width d) would break the rule.
 
 import math
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -709,3 +710,28 @@ def test_decentralised_auto_settings_and_spread_check_on_ray(local_ray):
         fm.sample(GAUSSIAN_MODEL, federation, broken, engine="ray", visit_timeout=TIMEOUT,
                   **DECENTRALISED_KW)
     assert caught.value.result is not None and caught.value.chains
+
+
+@pytest.mark.slow
+def test_weighted_conducive_gradients_reach_the_clients(local_ray, monkeypatch):
+    """Surrogates whose conducive gradients the set-up weighted (``conducive_weights``, here
+    forced on the server) are sent to clients that fitted their own (data on the clients):
+    the Ray run's draws are the in-process ones with the same weights. Without the sending,
+    the clients would run their unweighted fits and the draws would differ."""
+    from fedmcmc.langevin import step_size as step_size_module
+
+    forced = np.array([1.0, 0.0, 0.5, 1.0])
+    monkeypatch.setattr(step_size_module, "conducive_weights",
+                        lambda prediction: (forced, np.ones(len(prediction))))
+    clients = _logistic_clients()
+    make = lambda: fm.FSGLD(step_size="auto", batch_size=5, local_steps=10)  # noqa: E731
+    kw = dict(init=jnp.zeros(2), num_samples=30, burn_in=10, thin=20, chains=2, seed=5)
+    federation = fm.Federation.from_loaders([lambda rows=rows: rows for rows in clients])
+    model = fm.models.logistic_regression(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_ray = fm.sample(model, federation, make(), engine="ray", visit_timeout=TIMEOUT, **kw)
+        local = fm.sample(model, fm.Federation(clients), make(), **kw)
+    assert on_ray.info["setup_by"] == "clients"
+    assert on_ray.info["conducive_weights"] == local.info["conducive_weights"] == forced.tolist()
+    np.testing.assert_allclose(on_ray.flat_samples(), local.flat_samples(), rtol=0, atol=1e-4)

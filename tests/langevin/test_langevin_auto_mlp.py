@@ -25,6 +25,7 @@ import pytest
 
 import fedmcmc as fm
 from fedmcmc import run_length, surrogates
+from fedmcmc.langevin import step_size
 from fedmcmc.models import synthetic
 
 NUM_CLIENTS = 10
@@ -115,3 +116,52 @@ def test_expansions_curving_upward_are_floored_keeping_their_gradient():
     kept, curved_up = surrogates._curving_down(concave, center)
     assert not bool(curved_up)
     np.testing.assert_array_equal(kept.shift, concave.shift)
+
+
+#: FSGLD Table 1's shape (``fedmcmc reproduce fsgld-table1``): 30 label-imbalanced clients
+#: (Beta(0.5, 0.5) proportions) of the SUSY stand-in, the 18-18-8 MLP (d = 854, diagonal
+#: surrogates), batch 50, 40 local steps; 300 rows per client to keep the set-up short
+TABLE1_CLIENTS, TABLE1_ROWS, TABLE1_MAX_ITERATIONS = 30, 300, 20_000
+
+
+def _table1_run(fsgld_kwargs=None):
+    proportions = np.random.default_rng(1).beta(0.5, 0.5, size=TABLE1_CLIENTS)
+    federation = synthetic.teacher_classification_clients(proportions, TABLE1_ROWS, seed=101)
+    model = fm.models.mlp_classifier(18, 2)
+    init = model.attributes["init"](jax.random.key(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", run_length.RunLengthWarning)
+        warnings.simplefilter("ignore", fm.ConvergenceWarning)  # 50 draws of an MLP
+        warnings.simplefilter("ignore", surrogates.SurrogatePredictionWarning)
+        return fm.sample(model, federation,
+                         fm.FSGLD(step_size="auto", batch_size=50, local_steps=40, diagonal=True),
+                         init, num_samples=50, burn_in="auto", thin="auto", chains=2, seed=0,
+                         max_iterations=TABLE1_MAX_ITERATIONS, progress=False)
+
+
+@pytest.mark.slow
+def test_fsgld_auto_on_the_table1_mlp_runs_and_moves(monkeypatch):
+    """FSGLD "auto" on the Table 1 MLP federation: no divergence, finite draws that move in
+    every coordinate, a relaxation time within the run, and a conducive weight in [0, 1] per
+    client in ``info``. Broken variant: the set-up before the fix, with the distributed
+    Newton rounds of the re-expansion unchecked for diagonal expansions (a ReLU network's
+    diagonal curvature is never negative, so the upward-curvature check never fired) and
+    every conducive weight 1: the Newton steps run away and a chain diverges (measured at
+    30 x 2,000 rows: the set-up's noise was not finite; here at 300 rows a chain diverged at
+    iteration 4,730). Either rule alone ran here (measured: the check with all weights 1;
+    the weights, all 0 at the runaway centre, without the check)."""
+    result = _table1_run()
+    info = result.info
+    iterations = (info["burn_in"] + 50) * info["thin"]
+    assert info["relaxation_time"] <= iterations, (info["relaxation_time"], iterations)
+    weights = np.asarray(info["conducive_weights"])
+    assert weights.shape == (TABLE1_CLIENTS,) and np.all((weights >= 0) & (weights <= 1))
+    draws = result.flat_samples()
+    assert np.all(np.isfinite(draws))
+    assert np.all(draws.reshape(-1, draws.shape[-1]).std(axis=0) > 0)
+
+    monkeypatch.setattr(surrogates, "_within_reach", lambda step, precision: True)
+    monkeypatch.setattr(step_size, "conducive_weights",
+                        lambda prediction: (np.ones(len(prediction)), np.ones(len(prediction))))
+    with pytest.raises((fm.SamplingDivergedError, ValueError)):
+        _table1_run()
