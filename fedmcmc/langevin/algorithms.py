@@ -231,8 +231,8 @@ class DSGLD(_LangevinAlgorithm):
         ``(epsilon, delta)`` or :class:`fedmcmc.Privacy`: a differentially private run
         (:mod:`fedmcmc.privacy`, :mod:`fedmcmc.langevin.private`): each client's rows
         protected from everyone its chain state reaches, per-example gradients clipped,
-        ``result.info["privacy"]`` per client. Needs a numeric h; on Ray and Flower each
-        client clips and adds its noise in its own visit (an in-memory federation, failure
+        ``result.info["privacy"]`` per client. Needs a numeric h; on a message-passing
+        engine each client clips and adds its noise in its own visit (an in-memory federation, failure
         policy ``"stop"``).
     clip_norm:
         With ``privacy``: C, the bound on every per-example gradient's norm (default 1.0).

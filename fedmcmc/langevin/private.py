@@ -23,7 +23,7 @@ surrogates fitted from the rows (``"laplace"``, ``"exact"``, ``"sgld"``; give pr
 FSGLD's trust region (its damping reads the minibatch gradient: the update is then not a
 Gaussian mechanism on S), and ``noise=False``.
 
-On a message-passing engine (Ray, Flower; DSGLD and FSGLD through the hand-off protocol) the
+On a message-passing engine (DSGLD and FSGLD through the hand-off protocol) the
 driver plans as in process, from the clients' row counts and f_s, and sends each client its
 a_s and C with its parameters (:class:`fedmcmc.langevin.handoff.PrivateNoise`); the client
 clips and adds the noise inside its own visit, so what leaves it (the chain's state after a
