@@ -731,9 +731,16 @@ def build_sampler(algorithm, model, federation, init, *, burn_in=0, chains=1, se
     init_fn, _, draw_step, protocol = federated.build(cfg, workers, prior_part,
                                                       with_protocol=True)
 
+    from_reference = reference is not None and getattr(algorithm, "start", "init") == "reference"
+    if reference is not None:
+        info["start"] = "reference" if from_reference else "init"
+
     def initial_states(key, theta0):
         k_init, k_jit, k_run = rng.split_key(key, 3)
         starts = jnp.broadcast_to(theta0, (chains, d))
+        if from_reference:  # FedBoomerang(start="reference"): a draw of N(mu, Sigma) per chain
+            normal = jax.random.normal(rng.fold_in(k_jit, 1), (chains, d), jnp.float64)
+            starts = reference.mean + normal @ jnp.asarray(reference.chol).T
         if init_jitter > 0:
             starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
         return jax.vmap(init_fn)(rng.split_key(k_init, chains), starts), k_run
