@@ -51,8 +51,9 @@ def cases():
          dict(num_samples=30, burn_in=5, chains=2), True),
         ("FedBPS", fm.FedBPS(sample_interval=0.3, control_variates=False), dict(num_samples=30, burn_in=5, chains=2),
          True),
+        # start="init": the chains at init, as before start="reference" became the default
         ("FedBoomerang", fm.FedBoomerang(sample_interval=0.3, refresh_rate=0.2,
-                                         control_variates=False),
+                                         control_variates=False, start="init"),
          dict(num_samples=30, burn_in=5, chains=2), True),
         ("DULA", fm.DULA(step_size=1e-3, beta=0.3), langevin, True),
         ("GTDULA", fm.GTDULA(step_size=1e-3, beta=0.3, gamma=0.3, batch_size=5), langevin, True),

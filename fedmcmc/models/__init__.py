@@ -15,8 +15,10 @@ row of a client's data pytree). Common ``model.attributes``:
 PDMP bounds, in the convention of :mod:`fedmcmc.pdmp.bounds`: ``"hessian_bound"``
 (``example -> (d, d)``, an elementwise bound on the Hessian of
 -log p(example | theta); Gaussian mean, linear and logistic regression),
-``"prior_hessian_bound"`` and ``"quadratic_potential"`` (Gaussian mean, linear
-regression). ``ar1_student_t`` and ``lgcp`` are the PDMP family's models
+``"prior_hessian_bound"``, ``"curvature_bound"`` and ``"prior_curvature_bound"`` (Loewner
+bounds ``0 <= Hessian <= B`` of a log-concave likelihood and prior: Gaussian mean, linear
+and logistic regression; the Boomerang's whitened bound) and ``"quadratic_potential"``
+(Gaussian mean, linear regression). ``ar1_student_t`` and ``lgcp`` are the PDMP family's models
 (:mod:`fedmcmc.pdmp.models`, with their bounds) under zoo names.
 
 Registry, for configuration files: :func:`get` ``(name, **kwargs)`` builds a

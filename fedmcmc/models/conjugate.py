@@ -113,6 +113,11 @@ def gaussian_mean(
         prior_hessian_bound=(
             np.zeros((dim, dim)) if prior_precision is None else np.abs(np.asarray(prior_precision, np.float64))
         ),
+        # Loewner bounds (the Hessians themselves): the Boomerang's whitened bound
+        curvature_bound=lambda x: noise_precision,
+        prior_curvature_bound=(
+            np.zeros((dim, dim)) if prior_precision is None else np.asarray(prior_precision, np.float64)
+        ),
     )
 
 
@@ -253,4 +258,7 @@ def linear_regression(
         quadratic_potential=True,
         hessian_bound=lambda example: jnp.abs(jnp.outer(example["x"], example["x"])) / sigma**2,
         prior_hessian_bound=lam * np.eye(dim),
+        # Loewner bounds (the Hessians themselves): the Boomerang's whitened bound
+        curvature_bound=lambda example: jnp.outer(example["x"], example["x"]) / sigma**2,
+        prior_curvature_bound=lam * np.eye(dim),
     )

@@ -53,6 +53,9 @@ def logistic_regression(dim: int, *, prior_scale: float = 1.0) -> Model:
         init=lambda key=None: jnp.zeros((dim,), jnp.float32),
         hessian_bound=_logistic_hessian_bound,
         prior_hessian_bound=np.eye(dim) / scale**2,
+        # Loewner: 0 <= sigma(eta)(1 - sigma(eta)) x x^T <= x x^T / 4 (the Boomerang's bound)
+        curvature_bound=lambda example: 0.25 * jnp.outer(example["x"], example["x"]),
+        prior_curvature_bound=np.eye(dim) / scale**2,
         predict=lambda beta, x: jax.nn.sigmoid(x @ beta),
     )
 

@@ -11,6 +11,14 @@ constant, ``|w(t)| <= R`` and ``|z(t) - z(0)| <= R t``. With
 ``||L^T H L||_2 <= L_w`` this gives
 ``lambda(t) <= R |L^T grad U(x)| + L_w R^2 t`` -- affine, valid for all t
 (:meth:`BoomerangSpec.anchor` uses two tighter ones).
+
+With control variates centred at x* (Remark 4.3; Bierkens, Grazzi, Kamatani & Roberts 2020,
+Section 3's bound for the Boomerang with control variates) a worker's shifted gradient
+``G`` is nearly zero at x*, and the rate is bounded by a constant along the whole orbit:
+``<v(t), G(x(t))> <= |w(t)| |L^T G(x*)| + |w(t)| L_w |z(t) - z*|`` and, as
+``|z(t)|^2 + |w(t)|^2 = R^2``, ``|w| |z| <= R^2 / 2``, so
+``lambda(t) <= R |L^T G(x*)| + L_w (R^2 / 2 + R |z*|)`` (``z* = L^{-1}(x* - mu)``, 0 when
+x* is the Laplace reference's mean). It does not grow with t as the affine bound does.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ class BoomerangSpec:
         return jnp.maximum(jnp.dot(v, g), 0.0)[None]
 
     @staticmethod
-    def anchor(x, v, g, hv, q, l, lw, coords, ref, exact):
+    def anchor(x, v, g, hv, q, l, lw, coords, ref, exact, centre=None):
         """Affine bound ``(a + b t)_+`` of ``<v(t), grad U(x(t))>_+`` along the orbit from (x, v).
 
         Split the rate as ``<v(t), g> + <v(t), grad U(x(t)) - g>`` (g: the gradient at the
@@ -65,6 +73,14 @@ class BoomerangSpec:
         time ``h`` at which the first bound's integrated rate reaches 1 (its typical first
         proposal): ``h < 2 (A - p) / A``. The choice depends on the anchor only, so thinning
         stays exact (issue 48).
+
+        ``centre = (offset, zeta, scale)`` (control variates; ``offset = |L^T G(x*)|``,
+        ``zeta = |z*|``, ``scale`` the worker's bound enlargement, which the caller applies to
+        the slope): the orbit's constant bound ``K = R offset + scale L_w (R^2 / 2 + R zeta)``
+        of the module docstring is a third candidate, ``(K, 0)``, taken when its integral up to
+        ``h`` (the time at which the affine bound's integral reaches 1) is at most 1: a
+        far smaller bound for the many small workers whose ``L_w R^2`` is well below 1 and
+        whose affine bound would grow for several time units before its first proposal.
         """
         y = x - ref.mean
         z = jax.scipy.linalg.solve_triangular(ref.chol, y, lower=True)
@@ -77,6 +93,13 @@ class BoomerangSpec:
         starting = h * amplitude < 2.0 * (amplitude - p)
         a = jnp.where(starting, p, amplitude)
         b = jnp.where(starting, amplitude + slope, slope)
+        if centre is not None:
+            offset, zeta, scale = centre
+            radius = jnp.sqrt(radius2)
+            constant = radius * offset + scale * lw * (0.5 * radius2 + radius * zeta)
+            flat = constant * affine_first_time(a, scale * b, 1.0) <= 1.0
+            a = jnp.where(flat, constant, a)
+            b = jnp.where(flat, 0.0, b)
         return a[None], b[None]
 
     @staticmethod

@@ -18,6 +18,15 @@ Models supply bounds through ``fm.Model(..., **attributes)``:
     Hessian of ``-log p(example | theta)``; a worker sums it over its rows.
 ``prior_hessian_bound``
     scalar or ``(d, d)`` array bounding the Hessian of ``-log prior``.
+``curvature_bound``, ``prior_curvature_bound``
+    ``example -> (d, d)`` and a ``(d, d)`` array: positive semi-definite ``B`` with
+    ``0 <= grad^2 (-log p(example | theta)) <= B`` (resp. of ``-log prior``) in the Loewner
+    order for all theta: a log-concave likelihood of bounded curvature (logistic
+    ``x x^T / 4``, linear-Gaussian ``x x^T / sigma^2``). The elementwise ``|H| <= q`` loses
+    the signs of ``H``'s entries, and whitened by a correlated reference ``|| |L|^T q |L| ||``
+    can be tens of times ``||L^T H L||`` (issue 48: 25-34x on the benchmark's real
+    federations). With both, and ``hessian_bound``, the Boomerang's whitened bound is
+    :func:`whitened_curvature_bounds`'s.
 ``quadratic_potential``
     ``True`` when prior and likelihood are Gaussian in theta: rates are exactly
     affine and event times are drawn by inversion, without thinning (F.1).
@@ -41,7 +50,8 @@ import jax.numpy as jnp
 
 from ..cache import jit_with_constants_as_arguments
 
-__all__ = ["spectral_norm", "whitened_bound", "worker_hessian_bounds", "prior_hessian_bounds"]
+__all__ = ["spectral_norm", "whitened_bound", "worker_hessian_bounds", "prior_hessian_bounds",
+           "worker_curvature_bounds", "whitened_curvature_bounds", "loewner_matrix"]
 
 
 def spectral_norm(matrix) -> float:
@@ -72,8 +82,8 @@ def as_bound_pair(bound, d):
     return b, spectral_norm(b)
 
 
-def worker_hessian_bounds(flat_model, padded, bound_fn, d):
-    """Per-worker ``(q (M, d, d), l (M,))`` from a per-example bound ``example -> scalar | (d, d)``."""
+def _summed_over_rows(padded, bound_fn):
+    """``(summed (M, ...), shape)``: a per-example function summed over each worker's rows."""
     # one example's shapes (no eager indexing: each would compile a program of its own)
     example = jax.tree_util.tree_map(
         lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[2:], leaf.dtype), padded.data)
@@ -87,6 +97,12 @@ def worker_hessian_bounds(flat_model, padded, bound_fn, d):
     summed = np.asarray(jit_with_constants_as_arguments(summed_over_rows)(padded.data,
                                                                           padded.mask),
                         dtype=np.float64)
+    return summed, shape
+
+
+def worker_hessian_bounds(flat_model, padded, bound_fn, d):
+    """Per-worker ``(q (M, d, d), l (M,))`` from a per-example bound ``example -> scalar | (d, d)``."""
+    summed, shape = _summed_over_rows(padded, bound_fn)
     if len(shape) == 0:
         return np.broadcast_to(summed[:, None, None], (summed.shape[0], d, d)).copy(), summed
     if tuple(shape) != (d, d):
@@ -94,6 +110,53 @@ def worker_hessian_bounds(flat_model, padded, bound_fn, d):
     if np.any(summed < 0):
         raise ValueError("model.hessian_bound returned negative entries")
     return summed, np.array([spectral_norm(s) for s in summed])
+
+
+def loewner_matrix(bound, d, name) -> np.ndarray:
+    """A ``(d, d)`` positive semi-definite Loewner bound, a scalar ``c`` meaning ``c I``
+    (``ValueError`` naming ``name`` else)."""
+    b = np.asarray(bound, dtype=np.float64)
+    if b.ndim == 0:
+        b = float(b) * np.eye(d)
+    if b.shape != (d, d) or not np.all(np.isfinite(b)):
+        raise ValueError(f"{name} must be a finite ({d}, {d}) matrix, got shape {b.shape}")
+    # (tolerances relative to the largest entry: float32 rows summed)
+    tol = 1e-5 * np.abs(b).max()
+    if not np.allclose(b, b.T, rtol=0.0, atol=tol):
+        raise ValueError(f"{name} must be symmetric")
+    if np.linalg.eigvalsh(0.5 * (b + b.T))[0] < -tol:
+        raise ValueError(f"{name} must be positive semi-definite")
+    return 0.5 * (b + b.T)
+
+
+def worker_curvature_bounds(padded, curvature_fn, d) -> np.ndarray:
+    """Per-worker ``B_m (M, d, d)``: the per-example Loewner bound ``curvature_fn`` summed over
+    the worker's rows (``0 <= grad^2 U_m <= B_m``)."""
+    summed, shape = _summed_over_rows(padded, curvature_fn)
+    if tuple(shape) != (d, d):
+        raise ValueError(f"model.curvature_bound must return a ({d}, {d}) array, got {shape}")
+    return np.stack([loewner_matrix(b, d, "model.curvature_bound (summed over rows)")
+                     for b in summed])
+
+
+def whitened_curvature_bounds(curvature, chol, whitened, reference_share):
+    """Bounds ``lw_m`` on ``||L^T grad^2 V_m L||_2`` for ``V_m = U_m - c_m U_ref`` (U_ref the
+    Boomerang's reference potential, whitened Hessian I), from Loewner bounds
+    ``0 <= grad^2 U_m <= B_m`` (``curvature (M, d, d)``) and the elementwise bound's
+    whitening ``whitened (M,)`` (:func:`whitened_bound`, also a bound on the largest eigenvalue of
+    ``L^T grad^2 U_m L``).
+
+    ``0 <= L^T grad^2 U_m L <= u_m I`` with ``u_m = min(lambda_max(L^T B_m L), whitened_m)``, so
+    ``L^T grad^2 V_m L`` lies between ``-c_m I`` and ``(u_m - c_m) I``: its norm is at most
+    ``max(c_m, u_m - c_m)``. The triangle inequality (what an elementwise bound allows) gives
+    ``u_m + c_m``: at the mode of a posterior that the reference fits, ``u_m`` is about
+    ``c_m`` and the bound here about half of it (issue 48). ``reference_share (M,)``: the
+    ``c_m`` (zeros: the bound on ``U_m`` alone)."""
+    chol = np.asarray(chol, dtype=np.float64)
+    upper = np.array([np.linalg.eigvalsh(chol.T @ b @ chol)[-1] for b in curvature])
+    upper = np.minimum(np.maximum(upper, 0.0), np.asarray(whitened, np.float64))
+    share = np.asarray(reference_share, np.float64)
+    return np.maximum(share, upper - share)
 
 
 def auto_worker_bounds(flat_model, padded, theta0, safety):

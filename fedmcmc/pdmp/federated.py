@@ -67,6 +67,9 @@ class PriorPart(NamedTuple):
     lw: jax.Array  # ()
     g_ref: jax.Array  # (d,) grad of this part at the reference point
     g_total_ref: jax.Array  # (d,) grad of the full potential at the reference point
+    # prior="split" Boomerang: worker m's whitened bound is max(alpha_m lw_floor, lw_m +
+    # alpha_m lw) (setup.build_sampler; 0 unless the model gives Loewner curvature bounds)
+    lw_floor: Any = 0.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -98,6 +101,10 @@ class FedConfig:
     burn_in: int = 0
     rate_diagnostics: bool = True
     has_excess: bool = False  # some worker has rho > 0 (static: skips the clock otherwise)
+    # Boomerang with control variates: the whitened distance |L^{-1}(x* - mu)| of their centre
+    # x* from the reference mean; its anchors may then take the orbit's constant bound
+    # (BoomerangSpec.anchor, issue 48). None: no constant bound (every other sampler)
+    centre_distance: Optional[float] = None
 
 
 class WorkerProposal(NamedTuple):
@@ -266,6 +273,23 @@ def select_lanes(active, new, old):
     return jax.tree_util.tree_map(leaf, new, old)
 
 
+def _centre(cfg: FedConfig, offset_i, scale_i) -> dict:
+    """The keyword of ``spec.anchor`` for the Boomerang's constant bound around the control
+    variates' centre (none without ``offset``)."""
+    if offset_i is None:
+        return {}
+    return {"centre": (offset_i, cfg.centre_distance, scale_i)}
+
+
+def _enlarged_intercept(a, b, violated, constant_bounds: bool):
+    """A violated bound is enlarged through its slope (doubled); a constant one (slope 0, the
+    Boomerang's orbit bound) through its intercept. Without constant bounds: ``a`` as it was
+    (the draws of those runs unchanged)."""
+    if not constant_bounds:
+        return a
+    return jnp.where(violated & (b == 0), 2.0 * a, a)
+
+
 class _Candidate(NamedTuple):
     """A proposer's next candidate event of one thinning pass, before its gradient."""
 
@@ -283,7 +307,7 @@ class _Candidate(NamedTuple):
 
 def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw, coords, rho,
                  scale, slope_fn=None, stop_at_earliest=False,
-                 lanes_grad=None) -> WorkerProposal:
+                 lanes_grad=None, offset=None) -> WorkerProposal:
     """Algorithm 3 for L proposers at once: each one's first event time before ``cap`` (or
     inf), by Poisson thinning of its own rates against affine bounds (Appendix A).
 
@@ -292,7 +316,9 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
     ``grad_fn(x, *grad_args_i)`` and its extra bound slope ``slope_fn(x, v, *grad_args_i)``;
     ``lanes_grad(X, *grad_args)``, if given, computes the L gradients at the rows of ``X``
     (L, d) at once (the in-process engine's unpadded sum over all workers' rows).
-    Returns a :class:`WorkerProposal` with that leading axis.
+    Returns a :class:`WorkerProposal` with that leading axis. ``offset`` (L,), with
+    ``cfg.centre_distance``: each proposer's ``|L^T G_i(x*)|`` at the control variates' centre
+    (:meth:`BoomerangSpec.anchor`'s constant bound); None: none.
 
     The proposers search in one loop, one thinning proposal each per pass (a proposer whose
     search has ended waits). With ``stop_at_earliest`` a proposer also stops once its search
@@ -314,6 +340,7 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
                                                                 hv, *lane[2:]))(
             lanes, gradients0, products)
     single = keys.shape[0] == 1
+    lanes = lanes + (offset,)  # lane[8]: None without the constant bound
 
     def gradients(X):
         """The proposers' gradients at the rows of ``X`` (L, d)."""
@@ -322,8 +349,9 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
         return jax.vmap(grad_fn)(X, *grad_args)
 
     def anchor(xs, vs, gs, sc, lane):
-        _, args, q_i, l_i, lw_i, coords_i, _, _ = lane
-        a, b = spec.anchor(xs, vs, gs, None, q_i, l_i, lw_i, coords_i, ref, False)
+        _, args, q_i, l_i, lw_i, coords_i, _, _, offset_i = lane
+        a, b = spec.anchor(xs, vs, gs, None, q_i, l_i, lw_i, coords_i, ref, False,
+                           **_centre(cfg, offset_i, sc))
         if slope_fn is not None:
             b = b + slope_fn(xs, vs, *args) * coords_i
         return a, b * sc
@@ -380,10 +408,11 @@ def first_events(cfg: FedConfig, keys, x0, v0, cap, grad_fn, grad_args, q, l, lw
         an, bn = anchor(cand.x, cand.v, ge, sc, lane)
         sc_new = jnp.where(violated, 2.0 * sc, sc)
         b_enlarged = jnp.where(b >= 0, 2.0 * b + 1e-12, 0.5 * b)
+        a_enlarged = _enlarged_intercept(a, b, violated, offset is not None)
         return ThinningCarry(
             key=cand.key,
             anchor_time=jnp.where(reanchor, t_safe, s),
-            a=jnp.where(reanchor, an, a),
+            a=jnp.where(reanchor, an, a_enlarged),
             b=jnp.where(reanchor, bn, jnp.where(violated, b_enlarged, b)),
             horizon_end=jnp.where(reanchor, t_safe + cfg.horizon, hend),
             scale=sc_new,
@@ -487,7 +516,8 @@ def proposing_worker(key, next_time):
 
 
 def superposed_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, grad_args, q, l, lw,
-                           coords, rho, scale, gradients0, slope_fn=None) -> WorkerProposal:
+                           coords, rho, scale, gradients0, slope_fn=None,
+                           offset=None) -> WorkerProposal:
     """Step 1 of Algorithm 2 by *superposition thinning*: the first event of the federated rate
     ``sum_m lambda_m`` before ``cap``, thinned against the sum of the workers' bounds.
 
@@ -505,17 +535,19 @@ def superposed_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, grad_args,
     worker's scale and it redraws from its last anchor, as in :func:`first_events`.
 
     ``grad_args`` leaves, ``q, l, lw, coords, rho, scale`` have a leading axis of M workers;
-    ``gradients0`` (M, d) are their gradients at ``x0``. Returns a :class:`WorkerProposal` with
+    ``gradients0`` (M, d) are their gradients at ``x0``; ``offset``: as in :func:`first_events`.
+    Returns a :class:`WorkerProposal` with
     that leading axis: the accepting worker's row has the event (tau < inf), every other row
     ``tau = inf``; ``proposals``/``rejections``/``violations`` count each worker's own.
     """
     spec, ref = cfg.spec, cfg.reference
     M = q.shape[0]
-    lanes = (grad_args, q, l, lw, coords, rho)
+    lanes = (grad_args, q, l, lw, coords, rho, offset)
 
     def anchor(xs, vs, gs, sc, lane):
-        args, q_i, l_i, lw_i, coords_i, _ = lane
-        a, b = spec.anchor(xs, vs, gs, None, q_i, l_i, lw_i, coords_i, ref, False)
+        args, q_i, l_i, lw_i, coords_i, _, offset_i = lane
+        a, b = spec.anchor(xs, vs, gs, None, q_i, l_i, lw_i, coords_i, ref, False,
+                           **_centre(cfg, offset_i, sc))
         if slope_fn is not None:
             b = b + slope_fn(xs, vs, *args) * coords_i
         return a, b * sc
@@ -562,7 +594,7 @@ def superposed_first_event(cfg: FedConfig, key, x0, v0, cap, grad_fn, grad_args,
         reanchor = ~capped & ~violated & ~accept & ~is_excess
         an, bn = anchor(xe, ve, ge, sc, lane)
         b_enlarged = jnp.where(b >= 0, 2.0 * b + 1e-12, 0.5 * b)
-        a_w = jnp.where(reanchor, an, a)
+        a_w = jnp.where(reanchor, an, _enlarged_intercept(a, b, violated, offset is not None))
         b_w = jnp.where(reanchor, bn, jnp.where(violated, b_enlarged, b))
         s_w = jnp.where(reanchor, t_safe, s)
         # the worker's next point: from the new anchor (rejection, horizon) or, after a
@@ -688,6 +720,18 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             sk_n=jnp.int32(0),
         )
 
+    def worker_offsets(cv_weight):
+        """``|L^T G_m(x*)|`` per data worker (None without the Boomerang's constant bound): the
+        shifted gradient at the centre is ``w_m grad(U - U_ref)(x*)`` (Remark 4.3's shift)."""
+        if cfg.centre_distance is None:
+            return None
+        return cv_weight * jnp.linalg.norm(ref.chol.T @ prior.g_total_ref)
+
+    def worker_whitened_bounds(lw, alpha):
+        """The Boomerang's whitened Hessian bounds of the workers' potentials with their prior
+        shares ``alpha`` (``PriorPart.lw_floor``)."""
+        return jnp.maximum(alpha * prior.lw_floor, lw + alpha * prior.lw)
+
     def data_worker_slope(y, u, data_m, mask_m, g_ref_m, w_m, alpha_m):
         return cfg.custom_slope(y, u, cfg.horizon, data_m, mask_m)
 
@@ -711,9 +755,10 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             cfg, keys, x, v, cap, data_worker_grad,
             (workers_.data, workers_.mask, workers_.g_ref, workers_.cv_weight, alpha),
             workers_.q + alpha[:, None, None] * prior.q, workers_.l + alpha * prior.l,
-            workers_.lw + alpha * prior.lw, workers_.coords, workers_.rho, scale,
+            worker_whitened_bounds(workers_.lw, alpha), workers_.coords, workers_.rho, scale,
             slope_fn=None if cfg.custom_slope is None else data_worker_slope,
-            stop_at_earliest=stop_at_earliest, lanes_grad=lanes_grad)
+            stop_at_earliest=stop_at_earliest, lanes_grad=lanes_grad,
+            offset=worker_offsets(workers_.cv_weight))
 
     def propose(key_m, x, v, cap, worker_m: Workers, alpha_m, scale_m):
         """Step 1 of Algorithm 2 for ONE data worker (client side): its first event time
@@ -745,9 +790,10 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             cfg, split_key(key, 7)[0], st.x, st.v, cap, data_worker_grad,
             (workers.data, workers.mask, workers.g_ref, workers.cv_weight, alpha),
             workers.q + alpha[:, None, None] * prior.q, workers.l + alpha * prior.l,
-            workers.lw + alpha * prior.lw, workers.coords, workers.rho, st.scale[:M],
+            worker_whitened_bounds(workers.lw, alpha), workers.coords, workers.rho, st.scale[:M],
             data_grads(st.x, alpha),
-            slope_fn=None if cfg.custom_slope is None else data_worker_slope)
+            slope_fn=None if cfg.custom_slope is None else data_worker_slope,
+            offset=worker_offsets(workers.cv_weight))
         return apply_proposals(key, st, res, t_stop, counting)
 
     def event_step(key, st: FedState, t_stop, counting) -> FedState:
@@ -777,7 +823,9 @@ def build(cfg: FedConfig, workers: Workers, prior: PriorPart, *, with_protocol: 
             pres = first_events(
                 cfg, kp[None], x, v, prior_cap, prior_worker_grad, (), prior.q[None],
                 prior.l[None], prior.lw[None], jnp.ones((1, d)), jnp.zeros((1,)),
-                st.scale[M:], stop_at_earliest=False)
+                st.scale[M:], stop_at_earliest=False,
+                # its shifted gradient vanishes at the centre: grad U_0(x*) - grad U_0(x*)
+                offset=None if cfg.centre_distance is None else jnp.zeros((1,)))
             res = jax.tree_util.tree_map(lambda r, p: jnp.concatenate([r, p]), res, pres)
         w = jnp.argmin(res.tau)
         tau = res.tau[w]

@@ -59,6 +59,7 @@ def gaussian_model(likelihood_cov, prior_mean=None, prior_cov=None) -> Model:
         quadratic_potential=True,
         hessian_bound=lambda y: abs_p,
         prior_hessian_bound=np.abs(p0),
+        curvature_bound=lambda y: p_lik_j, prior_curvature_bound=p0,  # Loewner: the Hessians
         likelihood_precision=p_lik, prior_precision=p0, prior_mean=m0,
     )
 
@@ -110,8 +111,12 @@ def logistic_model(prior_scale: float = 1.0) -> Model:
     def hessian_bound(row):
         return jnp.abs(jnp.outer(row["x"], row["x"])) / 4.0
 
+    def curvature_bound(row):  # Loewner: 0 <= Hessian <= xi xi^T / 4
+        return jnp.outer(row["x"], row["x"]) / 4.0
+
     return Model(log_prior, log_likelihood, name="logistic", hessian_bound=hessian_bound,
-                 prior_hessian_bound=inv_var, prior_scale=float(prior_scale))
+                 prior_hessian_bound=inv_var, curvature_bound=curvature_bound,
+                 prior_curvature_bound=inv_var, prior_scale=float(prior_scale))
 
 
 def logistic_data(seed: int, n: int, d: int, num_workers: int = 1, non_iid: bool = False):

@@ -34,6 +34,7 @@ from ..callsite import user_stacklevel
 from ..federation import UNPADDED_ABOVE_PADDING
 from . import federated, relaxation
 from .bounds import (auto_worker_bounds, prior_hessian_bounds, whitened_bound,
+                     whitened_curvature_bounds, worker_curvature_bounds, loewner_matrix,
                      worker_hessian_bounds)
 from .single import make_reference
 from .zigzag import ZigZagSpec
@@ -72,14 +73,19 @@ def worker_newton_terms(flat_model, padded, theta):
 
 
 def worker_summaries(flat_model, padded, *, mode, safety, theta0, hessian_bound=None,
-                     chol=None, x_star=None, coordinates_fn=None):
+                     chol=None, x_star=None, coordinates_fn=None, curvature_bound=None,
+                     reference_rows=None):
     """What each worker computes from its own data before sampling (stacked over the
     workers of ``padded``; a distributed worker calls it on its own data alone):
 
     * ``q (M, d, d)``, ``l (M,)``: bounds on the Hessian of its potential (Appendix A) --
       from the model's per-example ``hessian_bound`` (``mode="hessian"``), estimated at
       ``theta0`` times ``safety`` (``"estimate"``), or zero (``"exact"``, ``"custom"``);
-    * ``lw (M,)``: the bound whitened by the Boomerang reference (``chol``: its Cholesky factor);
+    * ``lw (M,)``: the bound whitened by the Boomerang reference (``chol``: its Cholesky factor)
+      of the worker's potential, which holds ``-n_m / reference_rows`` of the reference
+      potential when ``reference_rows`` (N) is given (``prior="server"``/``"worker"``); with the
+      model's Loewner ``curvature_bound`` (``mode="hessian"``) the tighter
+      :func:`.bounds.whitened_curvature_bounds`;
     * ``coords (M, d)``: the coordinates its potential depends on (Remark 3.1);
     * ``g_ref (M, d)``: its gradient at the control-variate point ``x_star`` (Remark 4.3).
     """
@@ -93,6 +99,14 @@ def worker_summaries(flat_model, padded, *, mode, safety, theta0, hessian_bound=
         q, l = np.zeros((M, d, d)), np.zeros(M)
     if chol is not None:
         lw = np.array([whitened_bound(q[m], l[m], chol) for m in range(M)])
+        share = np.zeros(M)
+        if reference_rows is not None:  # n_m / N of -U_ref (whitened Hessian: I)
+            share = np.asarray(padded.mask, np.float64).sum(axis=1) / float(reference_rows)
+        if curvature_bound is not None and mode == "hessian":
+            lw = whitened_curvature_bounds(worker_curvature_bounds(padded, curvature_bound, d),
+                                           chol, lw, share)
+        else:
+            lw = lw + share
     else:
         lw = np.zeros(M)
     g_ref = np.zeros((M, d))
@@ -590,9 +604,27 @@ def build_sampler(algorithm, model, federation, init, *, burn_in=0, chains=1, se
     if reference is not None and algorithm.prior != "split":
         ref_share = sizes / sizes.sum()
     ref_precision = None
+    # the Boomerang's whitened bounds from the model's Loewner bounds (0 <= Hessian <= B), where
+    # it gives them with its Hessian bounds: bounds.whitened_curvature_bounds (issue 48)
+    curvature = attrs.get("curvature_bound") if mode == "hessian" else None
+    prior_curvature = attrs.get("prior_curvature_bound") if mode == "hessian" else None
+    lw0_floor = 0.0
     if reference is not None:
-        # + the reference term (whitened: I) where it is held with U_0
-        lw0 = whitened_bound(q0, l0, reference.chol) + (1.0 if ref_share is None else 0.0)
+        lw0 = whitened_bound(q0, l0, reference.chol)
+        if prior_curvature is not None:
+            lw0 = float(whitened_curvature_bounds(
+                loewner_matrix(prior_curvature, d, "model.prior_curvature_bound")[None],
+                reference.chol, [lw0], [0.0])[0])
+        if ref_share is None:
+            # prior="split": worker m holds U_m + alpha_m (U_0 - U_ref), whose whitened Hessian
+            # is at most u_m + alpha_m (u_0 + 1) in norm (triangle inequality); when both
+            # parts are known positive semi-definite it lies between -alpha_m I and
+            # (u_m + alpha_m (u_0 - 1)) I: max(alpha_m, lw_m + alpha_m lw0) with lw0 = u_0 - 1
+            # and the floor 1 (FedConfig's anchors take the maximum)
+            if curvature is not None and prior_curvature is not None:
+                lw0, lw0_floor = lw0 - 1.0, 1.0
+            else:
+                lw0 = lw0 + 1.0
         ref_precision = reference.precision
     else:
         lw0 = 0.0
@@ -623,6 +655,10 @@ def build_sampler(algorithm, model, federation, init, *, burn_in=0, chains=1, se
                 raise ValueError(f"control_variates reference point must have shape ({d},)")
         g_ref0 = np.asarray(prior_grad(x_star))
         info["control_variate_point"] = np.asarray(x_star).tolist()
+    centre_distance = None  # the Boomerang's constant orbit bound (BoomerangSpec.anchor)
+    if cv is not False and reference is not None:
+        centre_distance = float(np.linalg.norm(np.linalg.solve(
+            np.asarray(reference.chol), np.asarray(x_star, np.float64) - np.asarray(reference.mean))))
 
     # What each worker computes on its own data: Hessian bounds of its data potential
     # (Appendix A), whitened for the Boomerang, its coordinates (Remark 3.1) and its
@@ -631,12 +667,14 @@ def build_sampler(algorithm, model, federation, init, *, burn_in=0, chains=1, se
         mode=mode, safety=1.0 if quadratic else algorithm.safety, theta0=theta0,
         hessian_bound=attrs.get("hessian_bound"),
         chol=None if reference is None else reference.chol, x_star=x_star,
-        coordinates_fn=attrs.get("worker_coordinates"))
+        coordinates_fn=attrs.get("worker_coordinates"), curvature_bound=curvature,
+        reference_rows=None if ref_share is None else n_total)
     if ref_share is not None and cv is not False:  # the workers' potentials hold -n_m/N U_ref
         g_ref = g_ref - np.outer(ref_share, np.asarray(ref_precision @ (x_star - reference.mean)))
     prior_part = federated.PriorPart(
         q=device_array(q0), l=device_array(l0), lw=device_array(lw0),
-        g_ref=device_array(g_ref0), g_total_ref=device_array(g_ref.sum(axis=0) + g_ref0))
+        g_ref=device_array(g_ref0), g_total_ref=device_array(g_ref.sum(axis=0) + g_ref0),
+        lw_floor=device_array(lw0_floor))
     info["coordinates_per_worker"] = coords.sum(axis=1).astype(int).tolist()
 
     # Distributed workers keep their data and bounds (q is None on the server).
@@ -644,7 +682,7 @@ def build_sampler(algorithm, model, federation, init, *, burn_in=0, chains=1, se
         data=workers_access.data,
         mask=None if workers_access.mask is None else device_array(workers_access.mask, np.float64),
         coords=device_array(coords), q=None if q is None else device_array(q),
-        l=device_array(l), lw=device_array(lw if ref_share is None else lw + ref_share),
+        l=device_array(l), lw=device_array(lw),  # the reference share included
         rho=device_array(np.full((M,), algorithm.rho, np.float64)),
         cv_weight=device_array(sizes / sizes.sum()), g_ref=device_array(g_ref))
 
@@ -688,13 +726,21 @@ def build_sampler(algorithm, model, federation, init, *, burn_in=0, chains=1, se
         reference=reference, max_thinning=algorithm.max_thinning,
         max_iterations_per_draw=algorithm.max_events_per_draw, skeleton_size=skeleton_size,
         sample_interval=float(sample_interval), burn_in=int(burn_in),
-        rate_diagnostics=rate_diagnostics, has_excess=algorithm.rho > 0, thinning=thinning)
+        rate_diagnostics=rate_diagnostics, has_excess=algorithm.rho > 0, thinning=thinning,
+        centre_distance=centre_distance)
     init_fn, _, draw_step, protocol = federated.build(cfg, workers, prior_part,
                                                       with_protocol=True)
+
+    from_reference = reference is not None and getattr(algorithm, "start", "init") == "reference"
+    if reference is not None:
+        info["start"] = "reference" if from_reference else "init"
 
     def initial_states(key, theta0):
         k_init, k_jit, k_run = rng.split_key(key, 3)
         starts = jnp.broadcast_to(theta0, (chains, d))
+        if from_reference:  # FedBoomerang(start="reference"): a draw of N(mu, Sigma) per chain
+            normal = jax.random.normal(rng.fold_in(k_jit, 1), (chains, d), jnp.float64)
+            starts = reference.mean + normal @ jnp.asarray(reference.chol).T
         if init_jitter > 0:
             starts = starts + init_jitter * jax.random.normal(k_jit, (chains, d))
         return jax.vmap(init_fn)(rng.split_key(k_init, chains), starts), k_run

@@ -263,3 +263,24 @@ def test_real_federation_with_auto_run_lengths(sampler, name):
                                    chains=4, thin=1, burn_in=0, rate_diagnostics=False)
     assert broken["convergence_warnings"] and not broken["ok"], describe(broken)
     print(f"{sampler} on {name}: {describe(good)}; {time.perf_counter() - started:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", REAL_FEDERATIONS)
+def test_boomerang_defaults_on_real_federations(name):
+    """FedBoomerang with the defaults (control_variates="auto", start="reference") and
+    sample_interval="auto", burn_in="auto": the issue's bar, no ConvergenceWarning; a broken
+    run (an interval of a ten-thousandth: chains that barely move) is flagged. From a start at
+    0 (start="init") grouseticks was 65 sd off (issue 48)."""
+    started = time.perf_counter()
+    good = run_against_reference(name, fm.FedBoomerang(sample_interval="auto"), num_samples=300,
+                                 chains=4, thin=1, rate_diagnostics=False)
+    assert good["ok"], describe(good)
+    assert good["info"]["start"] == "reference" and good["info"]["control_variates"]
+    assert not good["convergence_warnings"], describe(good)
+    R = good["info"]["relaxation_time"]
+    broken = run_against_reference(name, fm.FedBoomerang(sample_interval=R / 10_000),
+                                   num_samples=100, chains=4, thin=1, burn_in=0,
+                                   rate_diagnostics=False)
+    assert broken["convergence_warnings"] and not broken["ok"], describe(broken)
+    print(f"boomerang on {name}: {describe(good)}; {time.perf_counter() - started:.0f} s")
