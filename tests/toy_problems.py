@@ -111,3 +111,18 @@ def cars93_federation():
     groups = frame["Manufacturer"].to_numpy()
     clients = [{"x": x[groups == g], "y": y[groups == g]} for g in np.unique(groups)]
     return fm.Federation(clients, names=[str(g) for g in np.unique(groups)])
+
+
+def random_orbit_problem(rng, d, curvature_scale=1.0):
+    """A Boomerang bound check's set-up: a random reference N(mean, cov) (call inside
+    ``jax.enable_x64(True)``), its Cholesky factor L, an indefinite Hessian
+    ``H = curvature_scale (A A^T / d - I / 2)`` of U - U_ref and ``L_w = ||L^T H L||``.
+    Draws from ``rng`` in this order: the covariance's rows, the mean, A."""
+    from fedmcmc.pdmp.single import make_reference
+
+    cov = np.cov(rng.normal(size=(d, 3 * d)))
+    reference = make_reference(rng.normal(size=d), cov)
+    chol = np.asarray(reference.chol)
+    A = rng.normal(size=(d, d))
+    hessian = curvature_scale * (A @ A.T / d - 0.5 * np.eye(d))
+    return reference, chol, hessian, np.linalg.norm(chol.T @ hessian @ chol, 2)

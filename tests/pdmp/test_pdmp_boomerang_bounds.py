@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import fedmcmc as fm
+from toy_problems import random_orbit_problem  # noqa: E402
 
 
 def correlated_logistic_federation(seed=0, sizes=(40, 90, 25, 60)):
@@ -104,17 +105,12 @@ def test_constant_orbit_bound_with_control_variates_holds_and_bites():
     most states, and a constant a fifth lower is exceeded somewhere (the check bites)."""
     from fedmcmc.pdmp.boomerang import BoomerangSpec
     from fedmcmc.pdmp.dynamics import elliptic_flow
-    from fedmcmc.pdmp.single import make_reference
 
     rng = np.random.default_rng(5)
     d = 4
     with jax.enable_x64(True):
-        cov = np.cov(rng.normal(size=(d, 3 * d)))
-        ref = make_reference(rng.normal(size=d), cov)
-        chol = np.asarray(ref.chol)
-        A = rng.normal(size=(d, d))
-        H = 0.05 * (A @ A.T / d - 0.5 * np.eye(d))  # a small worker's shifted potential
-        lw = np.linalg.norm(chol.T @ H @ chol, 2)
+        # H: a small worker's shifted potential
+        ref, chol, H, lw = random_orbit_problem(rng, d, curvature_scale=0.05)
         x_star = np.asarray(ref.mean) + 0.1 * chol @ rng.normal(size=d)
         g_star = 0.01 * rng.normal(size=d)
         zeta = np.linalg.norm(np.linalg.solve(chol, x_star - np.asarray(ref.mean)))

@@ -25,6 +25,7 @@ import fedmcmc as fm
 from fedmcmc.pdmp import federated
 from stats import check_gaussian_moments, ess_of_variance, trajectory_check
 from toy_problems import D, pdmp_gaussian_problem
+from toy_problems import random_orbit_problem  # noqa: E402
 
 ROUNDS = 3000
 P_VALUE = 1e-3  # same law: p above this; the broken variant: p below
@@ -154,17 +155,11 @@ def test_boomerang_bound_holds_along_the_orbit_and_is_never_looser():
     it is exceeded somewhere (the check bites)."""
     from fedmcmc.pdmp.boomerang import BoomerangSpec
     from fedmcmc.pdmp.dynamics import elliptic_flow
-    from fedmcmc.pdmp.single import make_reference
 
     rng = np.random.default_rng(3)
     d = 4
     with jax.enable_x64(True):
-        cov = np.cov(rng.normal(size=(d, 3 * d)))
-        ref = make_reference(rng.normal(size=d), cov)
-        chol = np.asarray(ref.chol)
-        A = rng.normal(size=(d, d))
-        H = A @ A.T / d - 0.5 * np.eye(d)  # U - U_ref: indefinite
-        lw = np.linalg.norm(chol.T @ H @ chol, 2)
+        ref, chol, H, lw = random_orbit_problem(rng, d)  # H of U - U_ref: indefinite
         centre = rng.normal(size=d)
         grad = lambda x: H @ (x - centre)  # noqa: E731
         ts = np.linspace(0.0, 2 * np.pi, 400)
