@@ -96,6 +96,11 @@ class _LangevinAlgorithm(Algorithm):
 
         if plan is None:
             return run_draws(num_samples)
+        return self._within_budget(num_samples, plan, run_draws, steps_of)
+
+    def _within_budget(self, num_samples: int, plan, run_draws, steps_of=None) -> Result:
+        """``run_draws(n)`` for the draws a privacy ``plan`` (``(plan, steps_for_draws)``)
+        affords (:func:`fedmcmc.privacy.run_within_budget`), on any engine."""
         the_plan, steps_for_draws = plan
         return run_within_budget(
             the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
@@ -421,7 +426,6 @@ class DSGLD(_LangevinAlgorithm):
             self.batch_size, float(settings.step_size), self.local_steps, chains, thin,
             burn_in, num_samples)
         protocol = self.handoff_protocol(settings, private_noise=private.private_noise(plan[0]))
-        the_plan, steps_for_draws = plan
 
         def run(draws):
             return sample_handoff(
@@ -429,10 +433,12 @@ class DSGLD(_LangevinAlgorithm):
                 burn_in=burn_in, thin=thin, chains=chains, seed=seed, progress=progress,
                 info=dict(info), **options)
 
-        return run_within_budget(
-            the_plan, name=self.name, num_samples=num_samples, steps_for_draws=steps_for_draws,
-            run=run, steps_of=lambda result, draws: [
-                v * self.local_steps for v in result.info["visits_per_client"]])
+        return self._within_budget(num_samples, plan, run, self._steps_made)
+
+    def _steps_made(self, result, draws) -> list:
+        """A hand-off run's private updates per client, as accounted: ``local_steps`` for
+        every visit a chain started."""
+        return [v * self.local_steps for v in result.info["visits_per_client"]]
 
     def sample_local(self, model, federation, *, init, num_samples, burn_in, thin, chains,
                      seed, progress, **options):
@@ -470,9 +476,7 @@ class DSGLD(_LangevinAlgorithm):
         step = self._kernel(flat_model, data, weights, settings, private=steps)
         # accounted as made: local_steps for every visit a chain started
         return self._run_within_plan(
-            num_samples, plan,
-            lambda result, draws: [v * self.local_steps
-                                   for v in result.info["visits_per_client"]],
+            num_samples, plan, self._steps_made,
             step=step,
             initial_state=dsgld.init(theta0, federation.num_clients, self.preconditioner),
             flat_model=flat_model, federation=federation, burn_in=burn_in, thin=thin,
